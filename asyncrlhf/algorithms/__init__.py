@@ -1,0 +1,62 @@
+"""The RLHF objectives as pure tensor functions: no I/O, no config objects, no torch.distributed.
+
+Shapes: B sequences, T response tokens, G prompt groups of k samples; ``mask`` is 1 on real response tokens.
+Services call these for all of their math.
+"""
+
+from asyncrlhf.algorithms.best_of_n import best_of_n_loss, best_of_n_select
+from asyncrlhf.algorithms.dpo import DPOLossType, dpo_loss, select_pairs
+from asyncrlhf.algorithms.grpo import grpo_advantages, grpo_loss
+from asyncrlhf.algorithms.kl import AdaptiveKLController, KLKind, kl_penalty, shape_rewards
+from asyncrlhf.algorithms.logprobs import sequence_logprobs, token_logprobs
+from asyncrlhf.algorithms.masking import masked_mean, masked_sum, masked_var, token_mean
+from asyncrlhf.algorithms.offpolicy import (
+    ImportanceKind,
+    decoupled_ppo_loss,
+    importance_weights,
+    staleness_mask,
+)
+from asyncrlhf.algorithms.ppo import clipped_surrogate, gae, ppo_policy_loss, ppo_value_loss, whiten
+from asyncrlhf.algorithms.reinforce import (
+    Normalization,
+    policy_gradient_loss,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+)
+from asyncrlhf.algorithms.rewards import missing_eos_penalty
+from asyncrlhf.algorithms.rloo import rloo_advantages
+
+__all__ = [
+    "AdaptiveKLController",
+    "DPOLossType",
+    "ImportanceKind",
+    "KLKind",
+    "Normalization",
+    "best_of_n_loss",
+    "best_of_n_select",
+    "clipped_surrogate",
+    "decoupled_ppo_loss",
+    "dpo_loss",
+    "gae",
+    "grpo_advantages",
+    "grpo_loss",
+    "importance_weights",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "missing_eos_penalty",
+    "policy_gradient_loss",
+    "ppo_policy_loss",
+    "ppo_value_loss",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "select_pairs",
+    "sequence_logprobs",
+    "shape_rewards",
+    "staleness_mask",
+    "token_logprobs",
+    "token_mean",
+    "whiten",
+]

@@ -1,0 +1,102 @@
+"""Corrections for training on samples from an older policy than the one being updated.
+
+A generator samples with behaviour log-probs log μ (recorded in the rollout, possibly several versions old
+and computed by a different engine); the learner recomputes log π. Truncated IS: Yao et al. 2025, "Your
+Efficient RL Framework Secretly Brings You Off-Policy RL Training" (tis, and masked IS "mis"). Decoupled
+PPO: Fu et al. 2025, "AReaL", eq. 5, after Hilton et al. 2022, "Batch size-invariance for policy
+optimization".
+"""
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+from asyncrlhf.algorithms._choices import lookup
+from asyncrlhf.algorithms.masking import masked_mean, token_mean
+from asyncrlhf.algorithms.ppo import clipped_surrogate
+
+ImportanceKind = Literal["is", "tis", "mis"]
+
+_IMPORTANCE_KINDS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "is": lambda ratio, cap: ratio,
+    "tis": lambda ratio, cap: ratio.clamp(max=cap),
+    "mis": lambda ratio, cap: torch.where(ratio <= cap, ratio, 0.0),
+}
+
+
+def importance_weights(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, kind: ImportanceKind = "tis", cap: float = 2.0
+) -> torch.Tensor:
+    """Per-token importance weights ``π / μ`` from the behaviour policy μ to the policy π, detached.
+
+    Args:
+        logprobs: (B, T) log π. behaviour_logprobs: (B, T) log μ, as recorded by the generator.
+        kind: "is" the plain ratio; "tis" truncated, ``min(π / μ, cap)``; "mis" masked, the ratio where it is
+            at most ``cap`` and 0 above (the token is dropped).
+        cap: C, for "tis" and "mis".
+
+    Returns:
+        (B, T) weights, without gradient; exactly 1 where ``logprobs == behaviour_logprobs``.
+    """
+    truncate = lookup(_IMPORTANCE_KINDS, kind, "kind")
+    return truncate(torch.exp(logprobs.detach() - behaviour_logprobs.detach()), cap)
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    *,
+    weight_kind: ImportanceKind = "is",
+    weight_cap: float = 2.0,
+    denominator: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Decoupled PPO (AReaL eq. 5): clip around the proximal policy, importance-weight from the behaviour one.
+
+    ``loss_t = (π_prox / μ) * max(-A r, -A clip(r, 1 - ε, 1 + ε))`` with ``r = π_θ / π_prox``. The trust
+    region is centred on π_prox (the learner's policy before this update) however stale μ is. With
+    ``behaviour_logprobs == proximal_logprobs`` every weight is 1 and this is ``ppo_policy_loss``.
+
+    Args:
+        logprobs: (B, T) log π_θ (with gradient).
+        proximal_logprobs: (B, T) log π_prox, recomputed by the learner before the update.
+        behaviour_logprobs: (B, T) log μ from the generator.
+        advantages: (B, T). mask: (B, T). clip_eps: ε.
+        weight_kind, weight_cap: how to bound ``π_prox / μ`` (see ``importance_weights``).
+        denominator: token count to divide by instead of this batch's (see ``masking.token_mean``).
+
+    Returns:
+        loss: scalar. stats: ``clip_fraction``, ``approx_kl`` (to π_prox) and ``behaviour_weight`` (the mean
+        importance weight), detached.
+    """
+    weights = importance_weights(proximal_logprobs, behaviour_logprobs, weight_kind, weight_cap)
+    log_ratio = logprobs - proximal_logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    per_token_loss, clipped = clipped_surrogate(ratio, advantages.detach(), clip_eps)
+    stats = {
+        "clip_fraction": masked_mean(clipped.to(ratio.dtype), mask).detach(),
+        "approx_kl": masked_mean((ratio - 1) - log_ratio, mask).detach(),
+        "behaviour_weight": masked_mean(weights, mask),
+    }
+    return token_mean(weights * per_token_loss, mask, denominator), stats
+
+
+def staleness_mask(versions: torch.Tensor, current: int, max_staleness: int) -> torch.Tensor:
+    """Which samples are fresh enough to train on: ``0 <= current - version <= max_staleness``.
+
+    Args:
+        versions: (B,) integer policy version that generated each sample.
+        current: the learner's policy version.
+        max_staleness: how many versions old a sample may be; 0 is on-policy.
+
+    Returns:
+        (B,) bool. A version newer than ``current`` (which the protocol never produces) is rejected too.
+    """
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+    staleness = current - versions
+    return (staleness >= 0) & (staleness <= max_staleness)
