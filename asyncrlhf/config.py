@@ -14,11 +14,12 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -250,12 +251,11 @@ class Config(Section):
     evaluator: EvaluatorConfig = EvaluatorConfig()
     metrics: MetricsConfig = MetricsConfig()
 
-    @field_validator("run")
-    @classmethod
-    def _token_from_env(cls, run: RunConfig) -> RunConfig:
-        if run.token is None and os.environ.get("ASYNCRLHF_TOKEN"):
-            return run.model_copy(update={"token": os.environ["ASYNCRLHF_TOKEN"]})
-        return run
+    @model_validator(mode="after")
+    def _token_from_env(self) -> "Config":
+        if self.run.token is None and os.environ.get("ASYNCRLHF_TOKEN"):
+            self.run = self.run.model_copy(update={"token": os.environ["ASYNCRLHF_TOKEN"]})
+        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -310,7 +310,12 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, Any]]:
     return pairs
 
 
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 def _parse_scalar(raw: str) -> Any:
+    if _FLOAT.match(raw) and not raw.lstrip("+-").isdigit():
+        return float(raw)  # YAML 1.1 reads `1e-6` as a string; users mean a number
     try:
         return yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
