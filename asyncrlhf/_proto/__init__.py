@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf stubs for proto/asyncrlhf/v1 (`make proto`); do not edit."""

@@ -1,0 +1,77 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_BFLOAT16: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_INT64: _ClassVar[DType]
+    DTYPE_INT32: _ClassVar[DType]
+    DTYPE_UINT8: _ClassVar[DType]
+    DTYPE_BOOL: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+DTYPE_BFLOAT16: DType
+DTYPE_FLOAT16: DType
+DTYPE_INT64: DType
+DTYPE_INT32: DType
+DTYPE_UINT8: DType
+DTYPE_BOOL: DType
+
+class WeightChunk(_message.Message):
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    data: bytes
+    checksum: int
+    commit: bool
+    tensor_count: int
+    partial: bool
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("version", "tensor_count", "bytes", "apply_seconds")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    tensor_count: int
+    bytes: int
+    apply_seconds: float
+    def __init__(self, version: _Optional[int] = ..., tensor_count: _Optional[int] = ..., bytes: _Optional[int] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusReply(_message.Message):
+    __slots__ = ("version", "updated_at", "tensor_count")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    updated_at: float
+    tensor_count: int
+    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ...) -> None: ...
