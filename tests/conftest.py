@@ -1,0 +1,46 @@
+"""Shared fixtures.
+
+Redis: `redis_server` (session) is one embedded `redis-server` on a free loopback port; `redis_url` is its
+URL; `redis_client` (function) is a bytes client to it, and `run_name` a fresh run name, so tests isolate
+by key prefix (`asyncrlhf:<run_name>:...`) and never see each other's streams. Tests that restart or kill
+Redis start their own `EmbeddedRedis` instead.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator["EmbeddedRedis"]:  # noqa: F821
+    from asyncrlhf.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def run_name(request) -> str:
+    """A run name unique to this test: keys `asyncrlhf:<run_name>:*` belong to it alone."""
+    return f"test-{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def redis_client(redis_url, run_name):
+    """A client to the session's embedded Redis; the test run's keys are deleted afterwards."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    keys = list(client.scan_iter(match=f"asyncrlhf:{run_name}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
