@@ -128,6 +128,10 @@ def _cached_from_gguf(gguf: Path, cache_dir: str) -> Path:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
     except Exception as err:  # transformers raises many kinds here; say which file and why
         raise ModelLoadError(f"could not read GGUF {gguf}: {err}") from err
+    # The tensors are already de-quantized to fp32; drop the GGUF marker so transformers saves them plainly.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     model.save_pretrained(staging, safe_serialization=True)

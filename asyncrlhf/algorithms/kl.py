@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from asyncrlhf.algorithms._choices import lookup
 
@@ -34,8 +35,12 @@ def _squared_error(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.
 
 
 def _jensen_shannon(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    log_m = torch.logaddexp(logprobs, ref_logprobs) - math.log(2.0)  # log ½(p + q), stable
-    return 0.5 * ((logprobs - log_m).clamp(min=0.0) + (ref_logprobs - log_m).clamp(min=0.0))
+    # With m = ½(p + q): log p - log m = log 2 - log(1 + q/p) = log 2 - softplus(-ℓ), and symmetrically for q.
+    # Written in ℓ alone so that it is exactly 0 at ℓ = 0, like the other kinds.
+    log_ratio = logprobs - ref_logprobs
+    policy_term = (math.log(2.0) - F.softplus(-log_ratio)).clamp(min=0.0)
+    ref_term = (math.log(2.0) - F.softplus(log_ratio)).clamp(min=0.0)
+    return 0.5 * (policy_term + ref_term)
 
 
 _KL_KINDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
