@@ -1,0 +1,78 @@
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from asyncrlhf.algorithms import decoupled_ppo_loss, importance_weights, ppo_policy_loss, staleness_mask
+
+pytestmark = pytest.mark.unit
+
+# ratios π / μ = 1/2, 3/1, 1/1
+CURRENT = torch.log(torch.tensor([[1.0, 3.0, 1.0]]))
+BEHAVIOUR = torch.log(torch.tensor([[2.0, 1.0, 1.0]]))
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("is", [0.5, 3.0, 1.0]),
+        ("tis", [0.5, 2.0, 1.0]),  # min(r, 2)
+        ("mis", [0.5, 0.0, 1.0]),  # r > 2 is dropped
+    ],
+)
+def test_importance_weights_hand_computed(kind, expected):
+    weights = importance_weights(CURRENT.clone().requires_grad_(True), BEHAVIOUR, kind, cap=2.0)
+    assert_close(weights, torch.tensor([expected]))
+    assert not weights.requires_grad
+
+
+@pytest.mark.parametrize("kind", ["is", "tis", "mis"])
+def test_importance_weights_exactly_one_on_policy(kind):
+    logprobs = -5 * torch.rand(4, 6, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(importance_weights(logprobs, logprobs.clone(), kind), torch.ones(4, 6))
+
+
+def test_unknown_importance_kind():
+    with pytest.raises(ValueError, match="valid options: 'is', 'tis', 'mis'"):
+        importance_weights(CURRENT, BEHAVIOUR, "vtrace")
+
+
+def test_decoupled_ppo_reduces_to_ppo_when_behaviour_is_proximal():
+    g = torch.Generator().manual_seed(0)
+    proximal = -torch.rand(3, 5, generator=g)
+    advantages = torch.randn(3, 5, generator=g)
+    mask = (torch.rand(3, 5, generator=g) > 0.3).float()
+    logprobs_a = (proximal + 0.3 * torch.randn(3, 5, generator=g)).requires_grad_(True)
+    logprobs_b = logprobs_a.detach().clone().requires_grad_(True)
+    loss_a, _ = decoupled_ppo_loss(logprobs_a, proximal, proximal.clone(), advantages, mask, 0.2)
+    loss_b, _ = ppo_policy_loss(logprobs_b, proximal, advantages, mask, 0.2)
+    loss_a.backward()
+    loss_b.backward()
+    assert torch.equal(loss_a, loss_b)
+    assert torch.equal(logprobs_a.grad, logprobs_b.grad)
+
+
+def test_decoupled_ppo_hand_computed():
+    logprobs = torch.tensor([[0.0, math.log(1.5)]], requires_grad=True)
+    proximal = torch.zeros(1, 2)
+    behaviour = torch.tensor([[math.log(0.5), 0.0]])  # weights π_prox / μ = 2, 1
+    loss, stats = decoupled_ppo_loss(logprobs, proximal, behaviour, torch.ones(1, 2), torch.ones(1, 2), 0.2)
+    # t0: r = 1 vs proximal, -1 * 2 = -2; t1: r = 1.5 clipped to 1.2, -1.2 * 1; mean (-2 - 1.2) / 2
+    assert_close(loss, torch.tensor(-1.6))
+    assert_close(stats["behaviour_weight"], torch.tensor(1.5))
+    assert_close(stats["clip_fraction"], torch.tensor(0.5))
+    loss.backward()
+    # t0 is not clipped: it is 3x off the behaviour policy but on the proximal one; grad -A r w / 2 = -1
+    assert_close(logprobs.grad, torch.tensor([[-1.0, 0.0]]))
+
+
+def test_staleness_mask():
+    versions = torch.tensor([10, 9, 8, 7, 11])
+    assert staleness_mask(versions, current=10, max_staleness=2).tolist() == [True, True, True, False, False]
+    assert staleness_mask(versions, current=10, max_staleness=0).tolist() == [True, False, False, False, False]
+
+
+def test_staleness_mask_rejects_negative_bound():
+    with pytest.raises(ValueError, match="max_staleness must be >= 0"):
+        staleness_mask(torch.tensor([1]), current=1, max_staleness=-1)
