@@ -1,0 +1,466 @@
+"""Weight sync over gRPC: state dict <-> WeightChunk messages, the pushing client, and the receiving server.
+
+Pushing side (learner): `WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push
+dtype once, checksums each tensor once (CRC-32), and streams chunks to every target concurrently, each with
+its own deadline; it returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or
+unreachable.
+
+Receiving side (generator): a `WeightReceiver` stages a push chunk by chunk, verifying every tensor against
+the live model (`WeightTarget.named_tensors`: name, shape, dtype) and its checksum, and only on the commit
+message hands the complete set to `WeightTarget.apply`, the atomic swap. Any problem raises `PushRejected`
+before anything live is touched, so the receiver keeps serving its previous version bit for bit.
+`WeightSyncServicer` maps proto <-> receiver; `serve` starts a gRPC server with token auth.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Literal, Mapping, Protocol, Sequence
+
+import grpc
+import numpy as np
+import torch
+
+from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
+
+AUTH_METADATA_KEY = "authorization"
+MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
+]
+
+_TO_WIRE: dict[torch.dtype, int] = {
+    torch.float32: pb.DTYPE_FLOAT32,
+    torch.bfloat16: pb.DTYPE_BFLOAT16,
+    torch.float16: pb.DTYPE_FLOAT16,
+    torch.int64: pb.DTYPE_INT64,
+    torch.int32: pb.DTYPE_INT32,
+    torch.uint8: pb.DTYPE_UINT8,
+    torch.bool: pb.DTYPE_BOOL,
+}
+_FROM_WIRE: dict[int, torch.dtype] = {v: k for k, v in _TO_WIRE.items()}
+PUSH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# State dict -> chunks
+
+
+@dataclass(frozen=True)
+class WireTensor:
+    """A tensor ready to send: cast, contiguous, on CPU, with its checksum. Shared by every target."""
+
+    name: str
+    dtype: int  # pb.DType
+    shape: tuple[int, ...]
+    data: memoryview  # raw bytes, C order
+    checksum: int
+    tensor: torch.Tensor  # keeps `data` alive
+
+
+def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) -> WireTensor:
+    """Prepare one tensor: floating tensors are cast to `cast` (if given), others are sent as they are."""
+    t = tensor.detach()
+    if cast is not None and t.is_floating_point():
+        t = t.to(cast)
+    t = t.to("cpu").contiguous()
+    if t.dtype not in _TO_WIRE:
+        raise ValueError(f"cannot push tensor `{name}` of dtype {t.dtype}; supported: {sorted(map(str, _TO_WIRE))}")
+    data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return WireTensor(name, _TO_WIRE[t.dtype], tuple(t.shape), data, zlib.crc32(data), t)
+
+
+def prepare(state_dict: Mapping[str, torch.Tensor], dtype: str | torch.dtype | None = None) -> list[WireTensor]:
+    """Every tensor of `state_dict` ready to send, floating ones cast to `dtype` ("bfloat16", ...)."""
+    cast = PUSH_DTYPES[dtype] if isinstance(dtype, str) else dtype
+    return [to_wire(name, tensor, cast) for name, tensor in state_dict.items()]
+
+
+def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Only the LoRA adapter tensors (PEFT names contain `lora_`): what a LoRA run pushes."""
+    return {name: t for name, t in state_dict.items() if "lora_" in name}
+
+
+def chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False) -> Iterator[pb.WeightChunk]:
+    """The messages of one push: each tensor in `chunk_bytes` slices, then the commit message."""
+    if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
+        raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
+    for t in tensors:
+        nbytes = t.data.nbytes
+        for offset in range(0, max(nbytes, 1), chunk_bytes):
+            yield pb.WeightChunk(
+                version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
+                data=t.data[offset:offset + chunk_bytes].tobytes(), checksum=t.checksum,
+            )
+    yield pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Receiver
+
+
+Reason = Literal[
+    "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
+    "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors",
+]
+
+
+class PushRejected(Exception):
+    """A push the receiver refuses; nothing live was changed."""
+
+    def __init__(self, reason: Reason, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+class WeightTarget(Protocol):
+    """What a receiver updates: the live named tensors to validate against, and an atomic apply."""
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        """Name -> live tensor (only shape and dtype are read); a push may update exactly these names."""
+
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Swap in the verified tensors (CPU, already in the live dtypes) all at once."""
+
+
+class ModuleTarget:
+    """A `WeightTarget` over a torch module's state dict (optionally only the names in `names`, e.g. LoRA
+    adapters). `lock` is held while applying: a generator holds it around each generation batch, so a
+    push lands between batches and never mid-group."""
+
+    def __init__(self, module: torch.nn.Module, names: Iterable[str] | None = None):
+        self.module = module
+        self.lock = threading.Lock()
+        state = module.state_dict(keep_vars=True)
+        wanted = set(state) if names is None else set(names)
+        missing = wanted - set(state)
+        if missing:
+            raise KeyError(f"ModuleTarget: the module has no tensors named {sorted(missing)[:5]}")
+        self._live = {name: state[name] for name in state if name in wanted}
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self._live
+
+    @torch.no_grad()
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        with self.lock:
+            for name, value in tensors.items():
+                self._live[name].copy_(value, non_blocking=False)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    version: int
+    tensor_count: int
+    bytes: int
+    apply_seconds: float
+
+
+@dataclass(frozen=True)
+class ReceiverStatus:
+    version: int
+    updated_at: float
+    tensor_count: int
+
+
+class _Staging:
+    """One tensor being received: a byte buffer filled in order, with a running checksum."""
+
+    def __init__(self, chunk: pb.WeightChunk, live: torch.Tensor):
+        self.name, self.wire_dtype, self.shape = chunk.name, _FROM_WIRE[chunk.dtype], tuple(chunk.shape)
+        self.live_dtype, self.checksum = live.dtype, chunk.checksum
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.wire_dtype.itemsize
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8)
+        self._view = self.buffer.numpy()
+        self.filled, self.crc = 0, 0
+
+    def add(self, chunk: pb.WeightChunk) -> None:
+        data = chunk.data
+        if chunk.offset != self.filled or self.filled + len(data) > self.nbytes:
+            raise PushRejected("bad_offset", f"`{self.name}`: chunk at byte {chunk.offset} (+{len(data)}) after "
+                                             f"{self.filled} of {self.nbytes} bytes; chunks must be in order")
+        if chunk.checksum != self.checksum:
+            raise PushRejected("bad_checksum", f"`{self.name}`: chunks disagree on the tensor's checksum")
+        self._view[self.filled:self.filled + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self.crc = zlib.crc32(data, self.crc)
+        self.filled += len(data)
+
+    def finish(self) -> torch.Tensor:
+        if self.filled != self.nbytes:
+            raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
+        if self.crc != self.checksum:
+            raise PushRejected("bad_checksum", f"`{self.name}`: CRC-32 {self.crc:#010x}, expected {self.checksum:#010x}")
+        tensor = self.buffer.view(self.wire_dtype).reshape(self.shape)
+        return tensor if self.wire_dtype == self.live_dtype else tensor.to(self.live_dtype)
+
+
+class WeightReceiver:
+    """Stages pushes and applies each atomically on commit; pushes are handled one at a time."""
+
+    def __init__(self, target: WeightTarget, version: int = 0):
+        self.target = target
+        self.version = version
+        self.updated_at = 0.0
+        self._lock = threading.Lock()
+
+    def status(self) -> ReceiverStatus:
+        return ReceiverStatus(self.version, self.updated_at, len(self.target.named_tensors()))
+
+    def receive(self, messages: Iterable[pb.WeightChunk]) -> PushResult:
+        """Consume one push; raise `PushRejected` (old weights intact) or return once the new version is live."""
+        with self._lock:
+            live = self.target.named_tensors()
+            staged: dict[str, torch.Tensor] = {}
+            current: _Staging | None = None
+            version: int | None = None
+            received = 0
+            for chunk in messages:
+                version = self._check_version(chunk, version)
+                if chunk.commit:
+                    if current is not None:
+                        staged[current.name] = current.finish()
+                    return self._commit(chunk, live, staged, received)
+                if current is None or chunk.name != current.name:
+                    if current is not None:
+                        staged[current.name] = current.finish()
+                    current = self._start(chunk, live, staged)
+                current.add(chunk)
+                received += len(chunk.data)
+            where = f" in `{current.name}`" if current is not None else ""
+            raise PushRejected("truncated", f"the stream ended before the commit message{where}")
+
+    def _check_version(self, chunk: pb.WeightChunk, version: int | None) -> int:
+        if version is None:
+            if chunk.version <= self.version:
+                raise PushRejected("stale_version", f"version {chunk.version} is not newer than {self.version}")
+            return chunk.version
+        if chunk.version != version:
+            raise PushRejected("stale_version", f"version changed mid-push from {version} to {chunk.version}")
+        return version
+
+    def _start(self, chunk: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping) -> _Staging:
+        name = chunk.name
+        if name not in live:
+            raise PushRejected("unknown_tensor", f"`{name}` is not a tensor of this model")
+        if name in staged:
+            raise PushRejected("duplicate_tensor", f"`{name}` was sent twice in one push")
+        target = live[name]
+        if tuple(chunk.shape) != tuple(target.shape):
+            raise PushRejected("shape_mismatch", f"`{name}`: pushed {list(chunk.shape)}, live {list(target.shape)}")
+        wire = _FROM_WIRE.get(chunk.dtype)
+        castable = wire is not None and wire.is_floating_point and target.dtype.is_floating_point
+        if wire != target.dtype and not castable:
+            raise PushRejected("dtype_mismatch", f"`{name}`: pushed {pb.DType.Name(chunk.dtype)}, live {target.dtype}")
+        return _Staging(chunk, target)
+
+    def _commit(self, chunk: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int) -> PushResult:
+        if chunk.tensor_count != len(staged):
+            raise PushRejected("tensor_count", f"commit says {chunk.tensor_count} tensors, received {len(staged)}")
+        missing = set(live) - set(staged)
+        if missing and not chunk.partial:
+            raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{min(missing)}`); "
+                                                  "mark the commit partial to update only some")
+        start = time.perf_counter()
+        self.target.apply(staged)
+        self.version, self.updated_at = chunk.version, time.time()
+        return PushResult(chunk.version, len(staged), received, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# gRPC server
+
+
+_STATUS: dict[str, grpc.StatusCode] = {
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "stale_version": grpc.StatusCode.FAILED_PRECONDITION,
+    "unknown_tensor": grpc.StatusCode.NOT_FOUND,
+    "shape_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
+    "dtype_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_offset": grpc.StatusCode.INVALID_ARGUMENT,
+    "duplicate_tensor": grpc.StatusCode.INVALID_ARGUMENT,
+    "tensor_count": grpc.StatusCode.INVALID_ARGUMENT,
+    "missing_tensors": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_checksum": grpc.StatusCode.DATA_LOSS,
+    "truncated": grpc.StatusCode.DATA_LOSS,
+}
+
+
+class WeightSyncServicer(pb_grpc.WeightSyncServicer):
+    """Maps the WeightSync RPCs onto a `WeightReceiver`; rejections become status codes via `_STATUS`."""
+
+    def __init__(self, receiver: WeightReceiver):
+        self.receiver = receiver
+
+    def PushWeights(self, request_iterator: Iterator[pb.WeightChunk], context: grpc.ServicerContext) -> pb.PushReply:
+        try:
+            result = self.receiver.receive(request_iterator)
+        except PushRejected as err:
+            context.abort(_STATUS[err.reason], str(err))
+        return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
+                            apply_seconds=result.apply_seconds)
+
+    def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
+        status = self.receiver.status()
+        return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
+                                 tensor_count=status.tensor_count)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Refuses every call whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        sent = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
+        if hmac.compare_digest(str(sent).encode(), self._expected):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        message = "unauthenticated: missing or wrong token (set run.token or ASYNCRLHF_TOKEN on both sides)"
+
+        def deny(_request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        if handler is None:
+            return None
+        if handler.request_streaming and not handler.response_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if not handler.request_streaming and not handler.response_streaming:
+            return grpc.unary_unary_rpc_method_handler(deny)
+        return grpc.stream_stream_rpc_method_handler(deny) if handler.request_streaming else \
+            grpc.unary_stream_rpc_method_handler(deny)
+
+
+def serve(
+    receiver: WeightReceiver,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    *,
+    allow_insecure_bind: bool = False,
+    max_workers: int = 4,
+) -> tuple[grpc.Server, int]:
+    """Start a WeightSync server for `receiver`; returns the server and its bound port."""
+    if token is None and not allow_insecure_bind and not _is_loopback(host):
+        raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
+                         "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
+    interceptors = [TokenAuthInterceptor(token)] if token else []
+    server = grpc.server(ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
+                         options=GRPC_OPTIONS)
+    pb_grpc.add_WeightSyncServicer_to_server(WeightSyncServicer(receiver), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind WeightSync to {host}:{port}")
+    server.start()
+    return server, bound
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pushing client
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    id: str
+    address: str  # host:port of the generator's WeightSync server
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """What happened to one target: `ok`, `rejected` (the receiver refused; `detail` says why) or
+    `unreachable` (no answer within the deadline)."""
+
+    target: PushTarget
+    status: Literal["ok", "rejected", "unreachable"]
+    code: str  # gRPC status code name ("OK", "DATA_LOSS", "UNAVAILABLE", ...)
+    detail: str
+    version: int  # the version the target now serves, when ok
+    seconds: float
+    bytes: int
+
+
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class WeightPusher:
+    """Pushes versions to many WeightSync servers at once. Channels are kept per address and reused."""
+
+    def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
+                 dtype: str | None = "float32", timeout_s: float = 60.0):
+        if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
+        self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
+        self._metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._channels_lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, cfg) -> "WeightPusher":
+        """From a `Config`: run.token, learner.push_chunk_bytes / push_dtype / push_timeout_s."""
+        return cls(cfg.run.token, chunk_bytes=cfg.learner.push_chunk_bytes, dtype=cfg.learner.push_dtype,
+                   timeout_s=cfg.learner.push_timeout_s)
+
+    def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
+             *, partial: bool = False) -> list[PushOutcome]:
+        """Push `state_dict` as `version` to every target concurrently; one outcome per target, in order."""
+        tensors = prepare(state_dict, self.dtype)
+        return self.push_prepared(tensors, version, targets, partial=partial)
+
+    def push_prepared(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget],
+                      *, partial: bool = False) -> list[PushOutcome]:
+        if not targets:
+            return []
+        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
+            futures = [pool.submit(self._push_one, tensors, version, t, partial) for t in targets]
+            return [f.result() for f in futures]
+
+    def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
+        stub = pb_grpc.WeightSyncStub(self._channel(address))
+        return stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s, metadata=self._metadata)
+
+    def close(self) -> None:
+        with self._channels_lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+    def __enter__(self) -> "WeightPusher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _push_one(self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool) -> PushOutcome:
+        stub = pb_grpc.WeightSyncStub(self._channel(target.address))
+        start = time.perf_counter()
+        try:
+            reply = stub.PushWeights(chunks(tensors, version, self.chunk_bytes, partial),
+                                     timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            code = err.code()
+            status = "unreachable" if code in _UNREACHABLE else "rejected"
+            return PushOutcome(target, status, code.name, err.details() or "", 0, time.perf_counter() - start, 0)
+        return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._channels_lock:
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+            return self._channels[address]
