@@ -19,7 +19,8 @@ DPOLossType = Literal["sigmoid", "ipo", "hinge"]
 
 def _sigmoid(logits: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
     # -log σ(β h), mixed with the flipped preference when labels are noisy (cDPO).
-    return -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
+    agree, disagree = F.logsigmoid(beta * logits), F.logsigmoid(-beta * logits)
+    return -(1 - label_smoothing) * agree - label_smoothing * disagree
 
 
 def _ipo(logits: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:

@@ -82,7 +82,7 @@ def shape_rewards(
         (B, T) rewards, 0 on masked positions.
     """
     real = mask.to(kl.dtype)
-    rewards = -kl_coef * kl * real
+    rewards = torch.where(mask.bool(), -kl_coef * kl, 0.0)
     positions = torch.arange(mask.shape[1], device=mask.device)
     last = (real * positions).argmax(dim=1, keepdim=True)  # index of the last real token
     has_tokens = real.sum(dim=1, keepdim=True) > 0

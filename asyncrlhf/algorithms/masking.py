@@ -1,7 +1,8 @@
 """Masked reductions shared by every objective.
 
-``mask`` is 1 on real tokens and 0 on padding; it may be bool, int or float and is broadcast against ``x``.
-Masked positions never contribute a value, and (because they are multiplied by 0) never receive gradient.
+``mask`` is 1 on real tokens and 0 on padding (binary; bool, int or float) and is broadcast against ``x``.
+Masked positions are selected away, not multiplied by 0: they never contribute a value, not even a NaN or an
+inf from padding, and receive no gradient.
 """
 
 import torch
@@ -9,7 +10,7 @@ import torch
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of ``x`` over real positions: a scalar, or reduced over ``dim`` (e.g. (B, T) -> (B,) with -1)."""
-    masked = x * mask.to(x.dtype)
+    masked = torch.where(mask.bool(), x, 0.0)
     return masked.sum() if dim is None else masked.sum(dim)
 
 

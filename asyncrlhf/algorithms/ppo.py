@@ -57,7 +57,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
     whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
     if not shift_mean:
         whitened = whitened + mean
-    return whitened * mask.to(x.dtype)
+    return torch.where(mask.bool(), whitened, 0.0)
 
 
 def clipped_surrogate(

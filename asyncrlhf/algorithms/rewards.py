@@ -3,7 +3,9 @@
 import torch
 
 
-def missing_eos_penalty(scores: torch.Tensor, ended_with_eos: torch.Tensor, penalty: float = -1.0) -> torch.Tensor:
+def missing_eos_penalty(
+    scores: torch.Tensor, ended_with_eos: torch.Tensor, penalty: float = -1.0
+) -> torch.Tensor:
     """Replace the score of every sequence that did not end with EOS (truncated at the length limit).
 
     Reward models often score truncated text well; a fixed low score stops the policy from learning to

@@ -56,7 +56,8 @@ def test_gradient_raises_chosen_and_lowers_rejected(loss_type):
     # h = 0: every loss type is still pushing the pair apart there
     chosen = torch.tensor([-2.0], requires_grad=True)
     rejected = torch.tensor([-2.0], requires_grad=True)
-    loss, chosen_rewards, _ = dpo_loss(chosen, rejected, torch.tensor([-2.0]), torch.tensor([-2.0]), 0.5, loss_type)
+    ref = torch.tensor([-2.0])
+    loss, chosen_rewards, _ = dpo_loss(chosen, rejected, ref, ref, beta=0.5, loss_type=loss_type)
     loss.backward()
     assert chosen.grad.item() < 0  # gradient descent increases log π(y_w)
     assert rejected.grad.item() > 0  # and decreases log π(y_l)

@@ -33,26 +33,57 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 # Each takes (params, batch, denominator) and returns the scalar loss; token-mean unless named otherwise.
-LOSSES = {
-    "ppo_policy": lambda p, b, d: ppo_policy_loss(p, b["old"], b["advantages"], b["mask"], 0.2, denominator=d)[0],
-    "ppo_value": lambda p, b, d: ppo_value_loss(p, b["old"], b["returns"], b["mask"], 0.2, denominator=d),
-    "grpo": lambda p, b, d: grpo_loss(p, b["old"], b["advantages"][:, 0], b["mask"], 0.2, ref_logprobs=b["ref"],
-                                      kl_coef=0.1, denominator=d)[0],
-    "decoupled_ppo": lambda p, b, d: decoupled_ppo_loss(p, b["old"], b["behaviour"], b["advantages"], b["mask"],
-                                                        0.2, weight_kind="tis", denominator=d)[0],
-    "pg_token": lambda p, b, d: policy_gradient_loss(p, b["advantages"], b["mask"], "token", denominator=d),
+def _ppo_policy(p, b, d):
+    return ppo_policy_loss(p, b["old"], b["advantages"], b["mask"], 0.2, denominator=d)[0]
+
+
+def _ppo_value(p, b, d):
+    return ppo_value_loss(p, b["old"], b["returns"], b["mask"], 0.2, denominator=d)
+
+
+def _grpo(p, b, d):
+    advantages = b["advantages"][:, 0]  # one per sequence
+    loss, _ = grpo_loss(
+        p, b["old"], advantages, b["mask"], 0.2, ref_logprobs=b["ref"], kl_coef=0.1, denominator=d
+    )
+    return loss
+
+
+def _decoupled_ppo(p, b, d):
+    return decoupled_ppo_loss(
+        p, b["old"], b["behaviour"], b["advantages"], b["mask"], 0.2, weight_kind="tis", denominator=d
+    )[0]
+
+
+def _pg_token(p, b, d):
+    return policy_gradient_loss(p, b["advantages"], b["mask"], "token", denominator=d)
+
+
+def _pg_sequence(p, b, d):
     # sequence-level: the step's denominator is its sequence count, B, not its token count
-    "pg_sequence": lambda p, b, d: policy_gradient_loss(p, b["advantages"], b["mask"], "sequence",
-                                                        denominator=None if d is None else B),
-    "best_of_n": lambda p, b, d: best_of_n_loss(p, b["mask"], denominator=d),
+    sequences = None if d is None else B
+    return policy_gradient_loss(p, b["advantages"], b["mask"], "sequence", denominator=sequences)
+
+
+def _best_of_n(p, b, d):
+    return best_of_n_loss(p, b["mask"], denominator=d)
+
+
+LOSSES = {
+    "ppo_policy": _ppo_policy,
+    "ppo_value": _ppo_value,
+    "grpo": _grpo,
+    "decoupled_ppo": _decoupled_ppo,
+    "pg_token": _pg_token,
+    "pg_sequence": _pg_sequence,
+    "best_of_n": _best_of_n,
 }
 
 
 def _loss_and_grad(name, batches, denominator):
     params = _batch()["params"].requires_grad_(True)
-    total = sum(
-        LOSSES[name](params[rows], {k: v[rows] for k, v in batch.items()}, denominator) for rows, batch in batches
-    )
+    loss_fn = LOSSES[name]
+    total = sum(loss_fn(params[rows], {k: v[rows] for k, v in b.items()}, denominator) for rows, b in batches)
     total.backward()
     return total.detach(), params.grad
 
@@ -74,13 +105,22 @@ def test_one_batch_of_8_equals_two_of_4_with_global_denominator(name):
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
-def test_padding_gets_zero_gradient_and_does_not_change_the_loss(name):
+def test_padding_gets_zero_gradient(name):
     batch = _batch()
     padding = batch["mask"] == 0
     params = batch["params"].requires_grad_(True)
-    loss = LOSSES[name](params, batch, None)
-    loss.backward()
+    LOSSES[name](params, batch, None).backward()
     assert torch.equal(params.grad[padding], torch.zeros(int(padding.sum())))
     assert (params.grad[~padding] != 0).any()
-    garbage = {k: torch.where(padding, torch.full_like(v, 1e4), v) for k, v in batch.items() if k != "mask"}
-    assert_close(LOSSES[name](garbage.pop("params"), {**garbage, "mask": batch["mask"]}, None), loss.detach())
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_padding_values_do_not_change_the_loss(name):
+    batch = _batch()
+    padding = batch["mask"] == 0
+    loss = LOSSES[name](batch["params"], batch, None)
+    # padding filled with NaN and with values whose ratios overflow to inf: neither may leak into the loss
+    garbage = {k: torch.where(padding, torch.nan, v) for k, v in batch.items()}
+    garbage["params"] = torch.where(padding, 1e4, batch["params"])
+    garbage["mask"] = batch["mask"]
+    assert_close(LOSSES[name](garbage["params"], garbage, None), loss)

@@ -70,7 +70,8 @@ def test_decoupled_ppo_hand_computed():
 def test_staleness_mask():
     versions = torch.tensor([10, 9, 8, 7, 11])
     assert staleness_mask(versions, current=10, max_staleness=2).tolist() == [True, True, True, False, False]
-    assert staleness_mask(versions, current=10, max_staleness=0).tolist() == [True, False, False, False, False]
+    on_policy = staleness_mask(versions, current=10, max_staleness=0)
+    assert on_policy.tolist() == [True, False, False, False, False]
 
 
 def test_staleness_mask_rejects_negative_bound():
