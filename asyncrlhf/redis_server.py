@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from asyncrlhf.config import RedisConfig
 
@@ -99,12 +101,11 @@ class EmbeddedRedis:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SHUTDOWN (flushing the AOF when persistent), then terminate, then kill."""
+        """SIGTERM (redis-server then flushes the AOF and exits), then SIGKILL after `timeout_s`."""
         if self.process is None:
             return
         if self.running:
-            with contextlib.suppress(redis.RedisError):
-                self._client().shutdown(nosave=self.data_dir is None)
+            self.process.terminate()
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -166,7 +167,8 @@ class EmbeddedRedis:
         raise RuntimeError(f"redis-server did not answer PING within {self.startup_timeout_s}s: {self._log_tail()}")
 
     def _client(self) -> redis.Redis:
-        return redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=2)
+        return redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=2,
+                           retry=Retry(NoBackoff(), 0))
 
     def _log_tail(self, lines: int = 10) -> str:
         try:
