@@ -1,0 +1,75 @@
+"""Reward scorers: reward models, Python rules, remote OpenRLHF-compatible servers; and their composition.
+
+    reward = build_reward(cfg.reward)            # CompositeReward from config
+    result = reward.score([Item(prompt, completion, ended_with_eos=True, completion_tokens=12)])
+    result.scores, result.components             # B totals; named components, B values each
+
+Each scorer's raw score is recorded as a component under its label: a rule's name (a file rule's function
+name), `model`, or `remote`; repeated labels get `_2`, `_3`, ...
+"""
+
+from __future__ import annotations
+
+from asyncrlhf.config import RewardConfig, ScorerConfig
+from asyncrlhf.rewards.base import (
+    CompositeReward,
+    Item,
+    Scorer,
+    ScorerConfigError,
+    ScorerError,
+    ScoreResult,
+    WeightedScorer,
+)
+from asyncrlhf.rewards.rules import RULES, RuleScorer, resolve_rule, rule
+
+__all__ = [
+    "RULES",
+    "CompositeReward",
+    "Item",
+    "RuleScorer",
+    "ScoreResult",
+    "Scorer",
+    "ScorerConfigError",
+    "ScorerError",
+    "WeightedScorer",
+    "build_reward",
+    "build_scorer",
+    "resolve_rule",
+    "rule",
+]
+
+
+def build_scorer(sc: ScorerConfig, cfg: RewardConfig) -> Scorer:
+    """One scorer from its config entry (a model loads here)."""
+    if sc.kind == "rule":
+        if not sc.name:
+            raise ScorerConfigError("a `rule` scorer needs `name`: a shipped rule or `path/to/file.py:function`")
+        return RuleScorer(sc.name, sc.args)
+    if sc.kind == "model":
+        if not sc.path:
+            raise ScorerConfigError("a `model` scorer needs `path`: an HF directory, an RM checkpoint, or `tiny`")
+        from asyncrlhf.rewards.model import ModelScorer  # torch + transformers only when a model is used
+
+        return ModelScorer(sc.path, batch_size=cfg.batch_size, max_length=cfg.max_length, device=cfg.device)
+    if not sc.url:
+        raise ScorerConfigError("a `remote` scorer needs `url`, e.g. http://rm-host:5000 (POST /get_reward)")
+    from asyncrlhf.rewards.remote import RemoteScorer
+
+    return RemoteScorer(sc.url, timeout_s=cfg.timeout_s, retries=cfg.retries, token=sc.args.get("token"))
+
+
+def scorer_label(sc: ScorerConfig) -> str:
+    if sc.kind == "rule" and sc.name:
+        return sc.name.rsplit(":", 1)[-1]
+    return sc.kind
+
+
+def build_reward(cfg: RewardConfig) -> CompositeReward:
+    """The service's reward: every configured scorer, weighted, plus the missing-EOS penalty."""
+    weighted, seen = [], {}
+    for sc in cfg.scorers:
+        base = scorer_label(sc)
+        seen[base] = seen.get(base, 0) + 1
+        label = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        weighted.append(WeightedScorer(label, sc.weight, build_scorer(sc, cfg)))
+    return CompositeReward(weighted, cfg.missing_eos_penalty, cfg.max_completion_tokens)

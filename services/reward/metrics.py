@@ -1,0 +1,62 @@
+"""The reward service's Prometheus metrics, in a registry of their own (see asyncrlhf.metrics)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from asyncrlhf.metrics import metric_name
+
+REWARD_BUCKETS = (-10, -5, -2, -1, -0.75, -0.5, -0.25, 0, 0.25, 0.5, 0.75, 1, 2, 5, 10)
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+RUNNING_WINDOW = 1000  # the running means are over this many most recent samples
+
+
+def _name(what: str, unit: str | None = None) -> str:
+    return metric_name("reward", what, unit)
+
+
+class RewardMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.groups = Counter(_name("groups_scored", "total"), "Rollout groups scored and written.", registry=r)
+        self.samples = Counter(_name("samples_scored", "total"), "Completions scored (stream and HTTP).",
+                               ["source"], registry=r)
+        self.latency = Histogram(_name("scoring", "seconds"), "Time of one scoring call (a batch of items).",
+                                 ["source"], buckets=LATENCY_BUCKETS, registry=r)
+        self.reward = Histogram(_name("reward"), "Distribution of total rewards.", buckets=REWARD_BUCKETS,
+                                registry=r)
+        self.reward_mean = Gauge(_name("reward_mean"), f"Mean total reward of the last {RUNNING_WINDOW} samples.",
+                                 registry=r)
+        self.component_mean = Gauge(_name("component_mean"),
+                                    f"Mean of each reward component over its last {RUNNING_WINDOW} samples.",
+                                    ["component"], registry=r)
+        self.truncated = Counter(_name("truncated_inputs", "total"),
+                                 "Reward-model inputs cut to reward.max_length.", registry=r)
+        self.errors = Counter(_name("scoring_errors", "total"), "Scoring calls that raised.", registry=r)
+        self.dead_lettered = Counter(_name("dead_lettered_groups", "total"),
+                                     "Rollout groups sent to the dead-letter stream.", registry=r)
+        self.duplicates = Counter(_name("duplicate_groups", "total"),
+                                  "Re-delivered groups skipped because they were already scored.", registry=r)
+        self._recent: deque[float] = deque(maxlen=RUNNING_WINDOW)
+        self._recent_components: dict[str, deque[float]] = {}
+
+    def observe(self, source: str, seconds: float, rewards: Sequence[float],
+                components: Mapping[str, Sequence[float]], truncated: int) -> None:
+        """Record one successful scoring call of `len(rewards)` items."""
+        self.latency.labels(source).observe(seconds)
+        self.samples.labels(source).inc(len(rewards))
+        self.truncated.inc(truncated)
+        for value in rewards:
+            self.reward.observe(value)
+        self._recent.extend(rewards)
+        if self._recent:
+            self.reward_mean.set(sum(self._recent) / len(self._recent))
+        for name, values in components.items():
+            recent = self._recent_components.setdefault(name, deque(maxlen=RUNNING_WINDOW))
+            recent.extend(values)
+            if recent:
+                self.component_mean.labels(name).set(sum(recent) / len(recent))
