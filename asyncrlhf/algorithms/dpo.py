@@ -47,6 +47,9 @@ def dpo_loss(
     beta: float,
     loss_type: DPOLossType = "sigmoid",
     label_smoothing: float = 0.0,
+    *,
+    weights: torch.Tensor | None = None,
+    denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Preference loss on the difference of log-ratios
     ``h = (log π(y_w) - log π_ref(y_w)) - (log π(y_l) - log π_ref(y_l))``.
@@ -57,9 +60,12 @@ def dpo_loss(
         beta: KL strength (β of DPO, τ of IPO), > 0.
         loss_type: "sigmoid" (DPO; cDPO with ``label_smoothing``), "ipo" or "hinge".
         label_smoothing: probability that a preference label is flipped, in [0, 0.5); sigmoid only.
+        weights: (B,) per-pair weights (e.g. importance weights of stale pairs); None is all ones.
+        denominator: pair count to divide the weighted sum by instead of B (a whole step's pairs when it is
+            split into micro-batches, as ``masking.token_mean`` does for tokens).
 
     Returns:
-        loss: scalar, mean over the B pairs.
+        loss: scalar, the weighted sum over the B pairs divided by ``denominator`` (default B: the mean).
         chosen_rewards, rejected_rewards: (B,) implicit rewards ``β (log π - log π_ref)``, detached.
     """
     loss_fn = lookup(_LOSSES, loss_type, "loss_type")
@@ -72,7 +78,10 @@ def dpo_loss(
     chosen_logratios = policy_chosen_logps - ref_chosen_logps
     rejected_logratios = policy_rejected_logps - ref_rejected_logps
     losses = loss_fn(chosen_logratios - rejected_logratios, beta, label_smoothing)
-    return losses.mean(), beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+    if weights is not None:
+        losses = losses * weights
+    loss = losses.sum() / (losses.numel() if denominator is None else denominator)
+    return loss, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
 
 
 def select_pairs(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -75,3 +75,17 @@ def test_select_pairs_with_ties():
 def test_select_pairs_needs_two_samples():
     with pytest.raises(ValueError, match="k >= 2"):
         select_pairs(torch.tensor([[1.0], [2.0]]))
+
+
+def test_dpo_weights_and_denominator_split_a_batch_into_micro_batches():
+    # pairs with log-ratio differences h = [1, -1, 0.5, 2]; beta 0.5 -> per-pair -logsigmoid(0.5 h)
+    pc = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    zeros = torch.zeros(4)
+    full, _, _ = dpo_loss(pc, zeros, zeros, zeros, beta=0.5)
+    halves = [dpo_loss(pc[i : i + 2], zeros[:2], zeros[:2], zeros[:2], beta=0.5, denominator=4)[0] for i in (0, 2)]
+    torch.testing.assert_close(halves[0] + halves[1], full)
+    # weight 0 removes a pair from the sum but not from the denominator: (l0 + l1 + l3) / 4
+    w = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    per_pair = -torch.nn.functional.logsigmoid(0.5 * pc)
+    weighted, _, _ = dpo_loss(pc, zeros, zeros, zeros, beta=0.5, weights=w)
+    torch.testing.assert_close(weighted, (per_pair[0] + per_pair[1] + per_pair[3]) / 4)
