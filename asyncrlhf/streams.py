@@ -276,6 +276,11 @@ class Consumer(Generic[M]):
             self._dead_letter(delivery.entry_id, delivery.identity, delivery.message.SerializeToString(),
                               f"failed {delivery.deliveries} times; last error: {reason}", delivery.deliveries)
 
+    def dead_letter(self, delivery: Delivery[M], reason: str) -> None:
+        """Send `delivery` to the dead-letter stream now (it can never succeed, e.g. it is malformed) and ack it."""
+        self._dead_letter(delivery.entry_id, delivery.identity, delivery.message.SerializeToString(), reason,
+                          delivery.deliveries)
+
     def seen(self, identity: str) -> bool:
         """Whether an entry with this identity was already acked by this group."""
         return self.client.zscore(self.seen_key, identity) is not None
