@@ -1,0 +1,91 @@
+"""Scored `RolloutGroup`s -> padded tensors the objectives train on.
+
+Every sequence is prompt + completion, right-padded to the longest in the batch: `input_ids` (B, L).
+Per-token tensors live on the *label* grid (B, T) with T = L - 1: position t holds what the model predicts
+for token t + 1 from logits at t. `mask` is 1 where that token is a completion token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Sequence
+
+import torch
+
+from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
+
+
+@dataclass
+class SequenceBatch:
+    input_ids: torch.Tensor  # (B, L) long
+    attention_mask: torch.Tensor  # (B, L) long
+    mask: torch.Tensor  # (B, T) float, completion tokens on the label grid
+    behaviour_logps: torch.Tensor  # (B, T) generator's log-probs of the sampled tokens, 0 elsewhere
+    scores: torch.Tensor  # (B,) rewards
+    versions: torch.Tensor  # (B,) long, policy version that sampled each sequence
+    group: torch.Tensor  # (B,) long, index of the sequence's group in the step
+    sample: torch.Tensor  # (B,) long, index of the sample within its group
+    eos: torch.Tensor  # (B,) bool, finished with EOS
+    corrected: torch.Tensor  # (B,) bool, beyond max_staleness and kept for importance correction
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by objectives
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: torch.Tensor | Sequence[int]) -> "SequenceBatch":
+        """The sub-batch of rows `index` (every tensor and extra indexed along dim 0)."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        picked = {f.name: getattr(self, f.name).index_select(0, index) for f in fields(self) if f.name != "extras"}
+        extras = {k: v.index_select(0, index) for k, v in self.extras.items()}
+        return SequenceBatch(**picked, extras=extras)
+
+    def to(self, device: torch.device) -> "SequenceBatch":
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "extras"}
+        return SequenceBatch(**moved, extras={k: v.to(device) for k, v in self.extras.items()})
+
+    def with_extras(self, **extras: torch.Tensor) -> "SequenceBatch":
+        return replace(self, extras={**self.extras, **extras})
+
+    def scores_by_group(self) -> torch.Tensor:
+        """(G, k) scores; requires every group to hold k samples, in order (as `build_batch` makes them)."""
+        groups = int(self.group.max().item()) + 1
+        return self.scores.view(groups, -1)
+
+
+def build_batch(groups: Sequence[RolloutGroup], pad_id: int, corrected: Sequence[bool] | None = None) -> SequenceBatch:
+    """Flatten G groups of k samples into B = G * k rows, group-major."""
+    ks = {len(g.samples) for g in groups}
+    if len(ks) != 1:
+        raise ValueError(f"every group in a step must hold the same number of samples, got {sorted(ks)}")
+    corrected = list(corrected) if corrected is not None else [False] * len(groups)
+    rows = [
+        (list(g.prompt.prompt_token_ids), s, gi, si, g.policy_version, corrected[gi])
+        for gi, g in enumerate(groups)
+        for si, s in enumerate(g.samples)
+    ]
+    length = max(len(p) + len(s.completion_token_ids) for p, s, *_ in rows)
+    b = len(rows)
+    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, length), dtype=torch.long)
+    mask = torch.zeros((b, length - 1))
+    behaviour = torch.zeros((b, length - 1))
+    for i, (prompt, sample, *_rest) in enumerate(rows):
+        completion = list(sample.completion_token_ids)
+        n_p, n_c = len(prompt), len(completion)
+        input_ids[i, : n_p + n_c] = torch.tensor(prompt + completion, dtype=torch.long)
+        attention[i, : n_p + n_c] = 1
+        # completion token j sits at input position n_p + j and is predicted at label position n_p + j - 1
+        mask[i, n_p - 1 : n_p - 1 + n_c] = 1.0
+        behaviour[i, n_p - 1 : n_p - 1 + n_c] = torch.tensor(list(sample.logprobs)[:n_c], dtype=torch.float)
+    return SequenceBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        mask=mask,
+        behaviour_logps=behaviour,
+        scores=torch.tensor([s.reward for _, s, *_ in rows], dtype=torch.float),
+        versions=torch.tensor([v for *_, v, _ in rows], dtype=torch.long),
+        group=torch.tensor([gi for _, _, gi, *_ in rows], dtype=torch.long),
+        sample=torch.tensor([si for _, _, _, si, *_ in rows], dtype=torch.long),
+        eos=torch.tensor([s.finish_reason == FINISH_REASON_STOP for _, s, *_ in rows], dtype=torch.bool),
+        corrected=torch.tensor([c for *_, c in rows], dtype=torch.bool),
+    )

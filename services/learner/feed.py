@@ -1,0 +1,78 @@
+"""The learner's prompt schedule: dataset order, epochs, and enqueueing under the in-flight bound.
+
+The cursor (how many groups were ever enqueued) lives in Redis, written in the same transaction as the
+XADDs, so a restarted learner continues where enqueueing stopped, never re-enqueueing a group id. Group ids
+are `g<cursor>`; the cursor maps to (epoch, index) in a permutation of the prompts seeded by
+`run.seed + epoch`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import redis
+import torch
+
+from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf.streams import PromptCredits, Producer
+
+
+class PromptFeed:
+    def __init__(
+        self,
+        client: redis.Redis,
+        producer: Producer,
+        credits: PromptCredits,
+        prompts: Sequence[str],
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        k: int,
+        seed: int,
+        data_epochs: int,
+        cursor_key: str,
+    ):
+        if not prompts:
+            raise ValueError("the task has no training prompts")
+        self.client, self.producer, self.credits = client, producer, credits
+        self.prompts, self.prompt_ids = list(prompts), [list(p) for p in prompt_ids]
+        self.k, self.seed, self.data_epochs, self.cursor_key = k, seed, data_epochs, cursor_key
+        self._orders: dict[int, list[int]] = {}
+
+    @property
+    def cursor(self) -> int:
+        return int(self.client.get(self.cursor_key) or 0)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.cursor >= self.data_epochs * len(self.prompts)
+
+    def position(self, cursor: int) -> tuple[int, int]:
+        """(epoch, dataset index) of the cursor-th group ever enqueued."""
+        epoch, offset = divmod(cursor, len(self.prompts))
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._orders = {epoch: torch.randperm(len(self.prompts), generator=generator).tolist()}
+        return epoch, self._orders[epoch][offset]
+
+    def group(self, cursor: int, version: int) -> PromptGroup:
+        epoch, index = self.position(cursor)
+        return PromptGroup(
+            group_id=f"g{cursor:08d}", prompt=self.prompts[index], prompt_token_ids=self.prompt_ids[index],
+            k=self.k, enqueued_at=time.time(), learner_version=version, dataset_index=index, epoch=epoch,
+        )
+
+    def fill(self, version: int) -> int:
+        """Enqueue as many groups as credits allow (and the data lasts); returns how many."""
+        remaining = self.data_epochs * len(self.prompts) - self.cursor
+        granted = self.credits.acquire(min(self.credits.available, max(remaining, 0)))
+        if granted == 0:
+            return 0
+        start = self.cursor
+        groups = [self.group(start + i, version) for i in range(granted)]
+        pipe = self.client.pipeline(transaction=True)
+        for g in groups:
+            pipe.xadd(self.producer.key, self.producer.fields(g), maxlen=self.producer.maxlen, approximate=True)
+        pipe.set(self.cursor_key, start + granted)
+        pipe.execute()
+        return granted

@@ -1,0 +1,155 @@
+"""One optimizer step on a step's scored groups: no Redis, no gRPC, so the synchronous path and the service
+share it (and `max_staleness: 0` through the services equals feeding the same groups here).
+
+A step: build the batch; the objective selects rows; a frozen pass records the pre-update log-probs (and
+reference log-probs and values where needed); the objective prepares advantages; then epochs x mini-batches
+of micro-batched backward passes, each rank taking every world-th training item, and one DeepSpeed step per
+mini-batch. Losses are normalised by the whole mini-batch's totals, and multiplied by the world size because
+DeepSpeed averages gradients over ranks: the sum over ranks and micro-batches is then the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+
+from asyncrlhf import algorithms as A
+from asyncrlhf._proto.rollout_pb2 import RolloutGroup
+from asyncrlhf.config import Config
+from asyncrlhf.models import ReferencePolicy, per_token_scores
+from services.learner.batch import SequenceBatch, build_batch
+from services.learner.objectives import Objective, Totals
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: Config,
+        policy,  # DeepSpeed engine of the policy
+        reference: ReferencePolicy | None,
+        value=None,  # DeepSpeed engine of the value model (PPO)
+        *,
+        objective: Objective,
+        pad_id: int,
+        rank: int = 0,
+        world: int = 1,
+    ):
+        self.cfg, self.policy, self.reference, self.value = cfg, policy, reference, value
+        self.objective, self.pad_id, self.rank, self.world = objective, pad_id, rank, world
+        self.temperature = cfg.generator.sampling.temperature
+        self.micro_batch_size = cfg.learner.micro_batch_size
+        self.device = policy.device
+        # Dropout off: the frozen pass and the update see the same function (ratio exactly 1 on-policy).
+        self.policy.eval()
+        if self.value is not None:
+            self.value.eval()
+
+    def train_step(self, groups: Sequence[RolloutGroup], corrected: Sequence[bool] | None = None,
+                   step_seed: int = 0) -> dict[str, float]:
+        batch = build_batch(groups, self.pad_id, corrected)
+        rows, counts = self.objective.select(batch)
+        stats: dict[str, float] = {"reward_mean": float(batch.scores.mean()), **counts}
+        if len(rows) == 0:
+            return {**stats, "skipped_step": 1.0}
+        rows = self.objective.prepare(self._frozen_pass(rows.to(self.device)))
+        epochs, minibatches = self._passes()
+        sums: dict[str, float] = defaultdict(float)
+        n = 0
+        generator = torch.Generator().manual_seed(step_seed)
+        for _ in range(epochs):
+            for minibatch in self._split(rows, minibatches, generator if epochs * minibatches > 1 else None):
+                for key, value in self._update(minibatch).items():
+                    sums[key] += value
+                n += 1
+        stats.update({key: value / n for key, value in sums.items()})
+        stats["tokens"] = float(batch.mask.sum())
+        stats["sequences"] = float(len(batch))
+        return stats
+
+    # -- the frozen pass --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _frozen_pass(self, rows: SequenceBatch) -> SequenceBatch:
+        old, ref, values = [], [], []
+        for start in range(0, len(rows), self.micro_batch_size):
+            micro = rows.rows(torch.arange(start, min(start + self.micro_batch_size, len(rows))))
+            old.append(self._logps(self.policy, micro))
+            if self.objective.needs_reference:
+                ref.append(self._logps(self.reference, micro))
+            if self.objective.needs_values:
+                values.append(self._values(micro))
+        extras = {"old_logps": torch.cat(old)}
+        if ref:
+            extras["ref_logps"] = torch.cat(ref)
+        if values:
+            extras["old_values"] = torch.cat(values)
+        return rows.with_extras(**extras)
+
+    def _logps(self, model, micro: SequenceBatch) -> torch.Tensor:
+        """(B, T) log-probs of each next token, temperature applied as when sampling."""
+        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+        return A.token_logprobs(logits.float(), micro.input_ids[:, 1:], self.temperature) * micro.mask
+
+    def _values(self, micro: SequenceBatch) -> torch.Tensor:
+        """(B, T) value of the state before each next token (the hidden state that predicts it)."""
+        values = per_token_scores(self.value.module, micro.input_ids, micro.attention_mask)[:, :-1]
+        return values.float() * micro.mask
+
+    # -- the update --------------------------------------------------------------------------------------
+
+    def _passes(self) -> tuple[int, int]:
+        if self.objective.needs_values:
+            return self.cfg.learner.ppo.epochs, self.cfg.learner.ppo.minibatches
+        return 1, 1
+
+    def _split(self, rows: SequenceBatch, parts: int, generator: torch.Generator | None) -> list[SequenceBatch]:
+        unit = self.objective.unit
+        units = len(rows) // unit
+        order = torch.randperm(units, generator=generator) if generator is not None else torch.arange(units)
+        chunks = [c for c in order.tensor_split(min(parts, units)) if len(c)]
+        return [rows.rows(self._unit_rows(chunk)) for chunk in chunks]
+
+    def _unit_rows(self, units: torch.Tensor) -> torch.Tensor:
+        unit = self.objective.unit
+        return (units.unsqueeze(1) * unit + torch.arange(unit)).flatten()
+
+    def _update(self, minibatch: SequenceBatch) -> dict[str, float]:
+        unit = self.objective.unit
+        totals = Totals(tokens=float(minibatch.mask.sum()), items=float(len(minibatch) // unit))
+        mine = torch.arange(self.rank, len(minibatch) // unit, self.world)
+        per_rank = math.ceil((len(minibatch) // unit) / self.world)
+        units_per_micro = max(1, self.micro_batch_size // unit)
+        n_micro = max(1, math.ceil(per_rank / units_per_micro))
+        sums: dict[str, float] = defaultdict(float)
+        real = 0
+        for m in range(n_micro):
+            units = mine[m * units_per_micro : (m + 1) * units_per_micro]
+            # A rank with fewer items still runs the same number of passes (collectives must line up),
+            # on a copy of item 0 with its loss multiplied by zero.
+            scale = float(self.world) if len(units) else 0.0
+            micro = minibatch.rows(self._unit_rows(units if len(units) else torch.tensor([0])))
+            boundary = m == n_micro - 1
+            self.policy.set_gradient_accumulation_boundary(boundary)
+            logps = self._logps(self.policy, micro)
+            values = None
+            if self.value is not None:
+                self.value.set_gradient_accumulation_boundary(boundary)
+                values = self._values(micro)
+            out = self.objective.loss(micro, logps, values, totals)
+            self.policy.backward(out.policy * scale, scale_wrt_gas=False)
+            if out.value is not None:
+                self.value.backward(out.value * scale, scale_wrt_gas=False)
+            if len(units):
+                real += 1
+                sums["loss"] += float(out.policy.detach()) * self.world
+                for key, value in out.stats.items():
+                    sums[key] += float(value)
+        self.policy.step()
+        if self.value is not None:
+            self.value.step()
+        stats = {key: value / max(real, 1) for key, value in sums.items() if key != "loss"}
+        stats["loss"] = sums["loss"]  # micro-batch shares add up to the mini-batch loss
+        return stats

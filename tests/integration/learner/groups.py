@@ -1,0 +1,26 @@
+"""Scored groups for learner tests: random completions of the tiny model's vocabulary, chosen rewards."""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+
+
+def scored_groups(n: int, k: int, *, seed: int = 0, version: int = 1, start: int = 0,
+                  rewards: list[list[float]] | None = None, logprob: float = -1.0) -> list[RolloutGroup]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(3, 259, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+        samples = []
+        for j in range(k):
+            length = int(torch.randint(2, 7, (1,), generator=g))
+            ids = torch.randint(3, 259, (length,), generator=g).tolist()
+            reward = rewards[i][j] if rewards else float(j)  # sample j scores j: distinct, no ties
+            samples.append(Sample(completion_token_ids=ids, logprobs=[logprob] * length,
+                                  finish_reason=FINISH_REASON_STOP, text="", reward=reward))
+        gid = f"g{start + i:08d}"
+        out.append(RolloutGroup(group_id=gid, prompt=PromptGroup(group_id=gid, prompt_token_ids=prompt, k=k),
+                                samples=samples, policy_version=version, generator_id="test"))
+    return out
