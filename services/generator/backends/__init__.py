@@ -1,0 +1,64 @@
+"""The sampling backends behind one small interface, and the factory that builds one from the config.
+
+A backend owns a model and the weights version it serves. It is not thread-safe: the service serialises
+generation batches and weight swaps with a `services.generator.gate.BackendGate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence
+
+import torch
+
+from asyncrlhf.config import Config, SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Finish = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion.
+
+    token_ids: the completion, EOS included when the model emitted it, nothing after it.
+    logprobs: log pi(token_t | prefix) under softmax(logits / temperature), one per token (top-k / top-p
+        truncation is *not* folded in: the learner's `token_logprobs` uses the same convention, so
+        importance ratios compare like with like).
+    finish: "stop" when EOS ended it, "length" when it hit max_new_tokens.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish: Finish
+
+
+class Backend(Protocol):
+    """What the generator loop, the WeightSync receiver and `/v1/completions` need from a sampler."""
+
+    @property
+    def version(self) -> int:
+        """Policy version of the live weights (0: none received yet)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], k: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        """k completions of each prompt: `out[i][j]` is the j-th sample of `prompts[i]`."""
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        """Name -> tensor (shape, dtype) that a weight push may update: the full state dict, or the LoRA
+        adapter tensors in a LoRA run; names as in the learner's (PEFT-wrapped) model."""
+
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Swap in verified tensors (CPU, live dtypes) and serve them as `version`."""
+
+
+def create_backend(cfg: Config, tokenizer: "PreTrainedTokenizerBase") -> Backend:
+    """The backend `generator.backend` names, loaded with the run's model (and LoRA wrapping)."""
+    if cfg.generator.backend == "vllm":
+        from services.generator.backends.vllm import VLLMBackend
+
+        return VLLMBackend.from_config(cfg, tokenizer)
+    from services.generator.backends.hf import HFBackend
+
+    return HFBackend.from_config(cfg, tokenizer)

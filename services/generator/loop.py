@@ -1,0 +1,136 @@
+"""The generation loop: prompt groups in, one RolloutGroup per prompt out, weights swapped between batches.
+
+    read <= batch_prompts PromptGroups (consumer group `generators`) -> sample k each under the gate
+    -> XADD the RolloutGroups and XACK the prompts in one atomic step
+
+Nothing is generated before the first weight push (version 0 is "no version"), so every group carries the
+version of weights the learner actually sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from itertools import groupby
+from typing import Callable, Sequence
+
+from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.config import Config
+from asyncrlhf.streams import Consumer, Delivery, Producer
+from services.generator.backends import Backend, Completion
+from services.generator.gate import BackendGate
+from services.generator.metrics import GeneratorMetrics
+
+log = logging.getLogger(__name__)
+
+CONSUMER_GROUP = "generators"
+_FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
+
+
+def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> list[int]:
+    """The ids to sample from: the group's own, else its text encoded (left-truncated). Raises ValueError
+    for a prompt that cannot be sampled (empty, or ids outside the vocabulary)."""
+    ids = list(prompt.prompt_token_ids)
+    if not ids and prompt.prompt:
+        ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-max_prompt_tokens:]
+    if not ids:
+        raise ValueError(f"prompt group {prompt.group_id!r} has neither prompt_token_ids nor prompt text")
+    vocab = len(tokenizer)
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"prompt group {prompt.group_id!r} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+    return ids
+
+
+def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], version: int, generator_id: str,
+                  started_at: float, generated_at: float, decode: Callable[[list[int]], str]) -> RolloutGroup:
+    """The RolloutGroup of one prompt's k completions, all sampled by weights `version`."""
+    samples = [Sample(completion_token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=_FINISH[c.finish],
+                      text=decode(c.token_ids)) for c in completions]
+    return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=version,
+                        generator_id=generator_id, generation_started_at=started_at, generated_at=generated_at)
+
+
+class GeneratorLoop:
+    def __init__(self, cfg: Config, backend: Backend, gate: BackendGate, consumer: Consumer[PromptGroup],
+                 producer: Producer[RolloutGroup], tokenizer, generator_id: str, metrics: GeneratorMetrics,
+                 weights_arrived: threading.Event, pending: Callable[[], int] = lambda: 0):
+        self.cfg, self.backend, self.gate, self.tokenizer = cfg, backend, gate, tokenizer
+        self.consumer, self.producer, self.generator_id, self.metrics = consumer, producer, generator_id, metrics
+        self.weights_arrived, self.pending = weights_arrived, pending
+        self._next_pending_check = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until `stop` is set; the batch in progress finishes first."""
+        while not stop.is_set():
+            self.step()
+
+    def step(self) -> int:
+        """One read-generate-write round; returns the groups written (0 when idle)."""
+        self._update_pending()
+        start = time.monotonic()
+        if self.backend.version == 0:
+            self.weights_arrived.wait(self.cfg.redis.block_ms / 1000)
+            self.metrics.idle_seconds.inc(time.monotonic() - start)
+            return 0
+        deliveries = self.consumer.read(self.cfg.generator.batch_prompts)
+        if not deliveries:
+            self.metrics.idle_seconds.inc(time.monotonic() - start)
+            return 0
+        return self._generate(deliveries)
+
+    def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
+        work: list[tuple[Delivery[PromptGroup], list[int], int]] = []
+        for d in deliveries:
+            try:
+                work.append((d, prompt_token_ids(d.message, self.tokenizer, self.cfg.model.max_prompt_tokens),
+                             d.message.k or self.cfg.generator.samples_per_prompt))
+            except ValueError as err:
+                log.warning("dead-lettering a prompt that cannot be sampled: %s", err)
+                self.consumer.dead_letter(d, str(err))
+        if not work:
+            return 0
+        started_at, start = time.time(), time.perf_counter()
+        try:
+            with self.gate.generating():
+                version = self.backend.version
+                completions = self._sample(work)
+        except Exception as err:  # a failing batch must not kill the service; its prompts are retried
+            log.exception("generation batch of %d groups failed", len(work))
+            for d, _, _ in work:
+                self.consumer.fail(d, f"{type(err).__name__}: {err}")
+            self.metrics.failed_groups.inc(len(work))
+            return 0
+        seconds, generated_at = time.perf_counter() - start, time.time()
+        groups = [rollout_group(d.message, c, version, self.generator_id, started_at, generated_at, self._decode)
+                  for (d, _, _), c in zip(work, completions)]
+        self.consumer.ack([d for d, _, _ in work], groups, to=self.producer)
+        self._record(completions, seconds)
+        return len(groups)
+
+    def _sample(self, work: list[tuple[Delivery[PromptGroup], list[int], int]]) -> list[list[Completion]]:
+        """Completions per work item, in order; one backend call per distinct k (usually just one)."""
+        out: list[list[Completion] | None] = [None] * len(work)
+        order = sorted(range(len(work)), key=lambda i: work[i][2])
+        for k, same_k in groupby(order, key=lambda i: work[i][2]):
+            idx = list(same_k)
+            for i, comps in zip(idx, self.backend.generate([work[i][1] for i in idx], k, self.cfg.generator.sampling)):
+                out[i] = comps
+        return out  # type: ignore[return-value]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _record(self, completions: list[list[Completion]], seconds: float) -> None:
+        tokens = sum(len(c.token_ids) for group in completions for c in group)
+        self.metrics.tokens.inc(tokens)
+        self.metrics.groups.inc(len(completions))
+        self.metrics.batch_seconds.observe(seconds)
+        self.metrics.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)
+
+    def _update_pending(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_pending_check:
+            self._next_pending_check = now + 1.0
+            self.metrics.prompts_pending.set(self.pending())

@@ -1,0 +1,90 @@
+"""One generator process, wired from the config: backend, gate, WeightSync server, registry heartbeat,
+HTTP app and the loop. `__main__` runs it; the benchmark and tests can inject a backend they built."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+
+import redis
+
+from asyncrlhf.config import Config
+from asyncrlhf.models import load_tokenizer
+from asyncrlhf.registry import Heartbeat
+from asyncrlhf.service import HttpServer, check_bind
+from asyncrlhf.streams import PROMPTS, ROLLOUTS, RunStreams, connect
+from services.generator.backends import Backend, create_backend
+from services.generator.gate import BackendGate
+from services.generator.http import make_http_app
+from services.generator.loop import CONSUMER_GROUP, GeneratorLoop
+from services.generator.metrics import GeneratorMetrics
+from services.generator.server import WeightSwap, WeightSyncServer, start_heartbeat, start_weight_sync
+
+log = logging.getLogger(__name__)
+
+
+def new_generator_id() -> str:
+    """Unique per process: a restarted generator is a new consumer (its old pending entries get re-claimed)."""
+    return f"gen-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+class GeneratorService:
+    def __init__(self, cfg: Config, *, backend: Backend | None = None, tokenizer=None,
+                 generator_id: str | None = None, client: redis.Redis | None = None):
+        self.cfg = cfg
+        self.id = generator_id or new_generator_id()
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+        self.backend = backend if backend is not None else create_backend(cfg, self.tokenizer)
+        self.gate = BackendGate()
+        self.metrics = GeneratorMetrics(self.id)
+        self.client = client or connect(cfg.redis)
+        self.streams = RunStreams.from_config(cfg, self.client)
+        self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce)
+        self.loop = GeneratorLoop(
+            cfg, self.backend, self.gate, self.streams.consumer(PROMPTS, CONSUMER_GROUP, self.id),
+            self.streams.producer(ROLLOUTS), self.tokenizer, self.id, self.metrics, self.swap.arrived,
+            pending=lambda: self.streams.stats(PROMPTS, CONSUMER_GROUP).length,
+        )
+        self.weight_sync: WeightSyncServer | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.http: HttpServer | None = None
+
+    def start(self) -> "GeneratorService":
+        """Serve WeightSync, register in the registry (version 0 until the first push), serve HTTP."""
+        check_bind(self.cfg.generator.http_host, self.cfg, "the generator's HTTP server")
+        self.weight_sync = start_weight_sync(self.cfg, self.swap)
+        self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address, self.backend)
+        app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id, self.ready)
+        self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()
+        log.info("generator %s: WeightSync on %s, HTTP on %s; waiting for the first weight push",
+                 self.id, self.weight_sync.address, self.http.url)
+        return self
+
+    def run(self, stop: threading.Event) -> None:
+        self.loop.run(stop)
+
+    def ready(self) -> tuple[bool, str]:
+        self.client.ping()
+        if self.backend.version == 0:
+            return False, "waiting for the learner's first weight push"
+        return True, f"serving policy version {self.backend.version}"
+
+    def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.weight_sync is not None:
+            self.weight_sync.stop()
+        if self.http is not None:
+            self.http.stop()
+
+    def _announce(self, version: int) -> None:
+        """Tell the registry about a new version at once rather than at the next beat."""
+        log.info("generator %s now serves policy version %d", self.id, version)
+        if self.heartbeat is not None:
+            try:
+                self.heartbeat.beat()
+            except redis.RedisError as err:
+                log.warning("could not announce version %d (the next heartbeat will): %s", version, err)

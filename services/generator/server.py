@@ -1,0 +1,92 @@
+"""WeightSync wiring: the gRPC server that receives pushes into the backend, and the registry heartbeat.
+
+A push is staged and verified by `asyncrlhf.weights.WeightReceiver`; on commit `WeightSwap.apply` takes the
+backend gate (so it waits for the batch in progress, and goes before the next one), swaps the tensors in
+and sets the backend's version, all before the pusher gets its reply.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import grpc
+import redis
+import torch
+
+from asyncrlhf.config import Config
+from asyncrlhf.registry import Heartbeat, Registry
+from asyncrlhf.service import check_bind
+from asyncrlhf.weights import WeightReceiver, serve
+from services.generator.backends import Backend
+from services.generator.gate import BackendGate
+from services.generator.metrics import GeneratorMetrics
+
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+class WeightSwap:
+    """The `WeightTarget` of this generator's receiver: applies a verified push to the backend between
+    generation batches, as the version the receiver is receiving."""
+
+    def __init__(self, backend: Backend, gate: BackendGate, metrics: GeneratorMetrics,
+                 on_applied: Callable[[int], None] = lambda version: None):
+        self.backend, self.gate, self.metrics, self.on_applied = backend, gate, metrics, on_applied
+        self.arrived = threading.Event()  # set once the first version is live
+        # After a restart: no version (0) until the learner pushes one.
+        self.receiver = WeightReceiver(self, version=0)
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self.backend.named_tensors()
+
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        version = self.receiver.incoming_version
+        if version is None:
+            raise RuntimeError("WeightSwap.apply is called by its WeightReceiver, during a push")
+        start = time.perf_counter()
+        with self.gate.swapping():
+            self.backend.apply_weights(tensors, version)
+        self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
+        self.metrics.weight_updates.inc()
+        self.metrics.version.set(version)
+        self.arrived.set()
+        self.on_applied(version)
+
+
+@dataclass
+class WeightSyncServer:
+    server: grpc.Server
+    port: int
+    address: str  # host:port the learner dials
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.server.stop(grace_s).wait(grace_s + 1)
+
+
+def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
+    """Serve WeightSync on `generator.grpc_host:grpc_port` (token-checked when `run.token` is set)."""
+    host = cfg.generator.grpc_host
+    check_bind(host, cfg, "WeightSync")
+    server, port = serve(swap.receiver, host, cfg.generator.grpc_port, cfg.run.token,
+                         allow_insecure_bind=cfg.run.allow_insecure_bind)
+    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}")
+
+
+def advertised_host(cfg: Config) -> str:
+    """What the learner dials: `advertise_host`, else the bind address (the host name for a wildcard bind)."""
+    if cfg.generator.advertise_host:
+        return cfg.generator.advertise_host
+    host = cfg.generator.grpc_host
+    return socket.gethostname() if host in _WILDCARD_HOSTS else host
+
+
+def start_heartbeat(cfg: Config, client: redis.Redis, generator_id: str, address: str,
+                    backend: Backend) -> Heartbeat:
+    """Register `{id, address, version}` now and every `heartbeat_s`; the entry expires `registry_ttl_s`
+    after the last beat."""
+    registry = Registry(client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
+    return Heartbeat(registry, generator_id, address, lambda: backend.version,
+                     period_s=cfg.generator.heartbeat_s).start()

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from asyncrlhf.config import SamplingConfig, load_config
+from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.weights import adapter_tensors
+from services.generator.backends.hf import HFBackend, left_pad, positions, trim_at_eos
+from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
+
+pytestmark = pytest.mark.unit
+LOGPROB_ATOL = 1e-4  # fp32 tiny model: incremental (KV-cache, padded) vs one unpadded pass differ by ~1e-6
+
+
+def test_left_pad_pads_short_prompts_on_the_left():
+    ids, mask = left_pad([[5, 6, 7], [9]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 9]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    with pytest.raises(ValueError, match="at least one token"):
+        left_pad([[5], []], pad_id=0)
+
+
+def test_positions_count_only_real_tokens():
+    # cumsum(mask) - 1: row 0 [1,2,3]-1 = [0,1,2]; row 1 [0,0,1]-1 = [-1,-1,0], clamped to [0,0,0]
+    assert positions(torch.tensor([[1, 1, 1], [0, 0, 1]])).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_trim_at_eos_keeps_the_eos_and_drops_what_follows():
+    assert trim_at_eos([4, 2, 0, 0], {2}) == ([4, 2], "stop")
+    assert trim_at_eos([2, 5], {2, 7}) == ([2], "stop")
+    assert trim_at_eos([4, 5], {2}) == ([4, 5], "length")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu"])
+    tokenizer = load_tokenizer(cfg.model)
+    return cfg, tokenizer, HFBackend.from_config(cfg, tokenizer)
+
+
+def test_logprobs_are_the_sampled_tokens_under_the_temperature(tiny):
+    cfg, tokenizer, backend = tiny
+    reference = load_policy(cfg.model).eval()
+    weights = perturbed_state_dict(reference, seed=7)
+    reference.load_state_dict(weights)
+    backend.apply_weights(weights, version=3)
+    sampling = SamplingConfig(temperature=0.7, max_new_tokens=12)
+    prompts = encode_prompts(tokenizer, ["hi", "a much longer prompt, so the batch is padded"], cfg.model)
+    groups = backend.generate(prompts, 3, sampling)
+    assert backend.version == 3 and [len(g) for g in groups] == [3, 3]
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            assert len(c.logprobs) == len(c.token_ids) > 0
+            assert (c.finish == "stop") == (c.token_ids[-1] == tokenizer.eos_token_id)
+            assert c.finish == "stop" or len(c.token_ids) == sampling.max_new_tokens
+            # one unpadded sequence, no cache: logits at t predict token t + 1
+            full = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logits = reference(input_ids=full).logits[0, len(prompt) - 1:-1].float()
+            expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_a_model_that_prefers_eos_stops_at_once(tiny):
+    cfg, tokenizer, backend = tiny
+    backend.apply_weights(peaked_state_dict(load_policy(cfg.model), tokenizer.eos_token_id), version=4)
+    groups = backend.generate(encode_prompts(tokenizer, ["x", "yy"], cfg.model), 2, cfg.generator.sampling)
+    for c in (c for g in groups for c in g):
+        assert c.token_ids == [tokenizer.eos_token_id] and c.finish == "stop"
+        assert c.logprobs[0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_model_that_prefers_one_token_samples_only_it(tiny):
+    cfg, tokenizer, backend = tiny
+    a = tokenizer("a", add_special_tokens=False)["input_ids"][0]
+    backend.apply_weights(peaked_state_dict(load_policy(cfg.model), a), version=5)
+    sampling = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9, max_new_tokens=7)
+    (group,) = backend.generate(encode_prompts(tokenizer, ["anything"], cfg.model), 4, sampling)
+    assert [c.token_ids for c in group] == [[a] * 7] * 4
+    assert all(c.finish == "length" for c in group)
+
+
+def test_lora_backend_exposes_the_learners_adapter_names():
+    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu", "learner.lora.enabled=true", "learner.lora.r=4"])
+    tokenizer = load_tokenizer(cfg.model)
+    backend = HFBackend.from_config(cfg, tokenizer)
+    learner_adapters = adapter_tensors(load_policy(cfg.model, lora=cfg.learner.lora).state_dict())
+    assert set(backend.named_tensors()) == set(learner_adapters) and learner_adapters
+    prompts = encode_prompts(tokenizer, ["hello"], cfg.model)
+    torch.manual_seed(0)
+    before = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
+    pushed = {name: torch.full_like(t, 0.5) for name, t in learner_adapters.items()}  # lora_B != 0: a real change
+    backend.apply_weights(pushed, version=1)
+    torch.manual_seed(0)
+    after = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
+    assert backend.version == 1 and after.logprobs != before.logprobs
