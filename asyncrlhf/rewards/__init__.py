@@ -43,11 +43,15 @@ def build_scorer(sc: ScorerConfig, cfg: RewardConfig) -> Scorer:
     """One scorer from its config entry (a model loads here)."""
     if sc.kind == "rule":
         if not sc.name:
-            raise ScorerConfigError("a `rule` scorer needs `name`: a shipped rule or `path/to/file.py:function`")
+            raise ScorerConfigError(
+                "a `rule` scorer needs `name`: a shipped rule or `path/to/file.py:function`"
+            )
         return RuleScorer(sc.name, sc.args)
     if sc.kind == "model":
         if not sc.path:
-            raise ScorerConfigError("a `model` scorer needs `path`: an HF directory, an RM checkpoint, or `tiny`")
+            raise ScorerConfigError(
+                "a `model` scorer needs `path`: an HF directory, an RM checkpoint, or `tiny`"
+            )
         from asyncrlhf.rewards.model import ModelScorer  # torch + transformers only when a model is used
 
         return ModelScorer(sc.path, batch_size=cfg.batch_size, max_length=cfg.max_length, device=cfg.device)

@@ -4,7 +4,8 @@ A scorer maps B (prompt, completion) texts to B scores, plus optional named comp
 
     score(prompts, completions, labels=None) -> ScoreResult(scores, components, truncated)
 
-`labels` are per-item reference answers (OpenRLHF's `labels`) for verifiable rewards; most scorers ignore them.
+`labels` are per-item reference answers (OpenRLHF's `labels`) for verifiable rewards; most scorers ignore
+them.
 
 `CompositeReward` is what the service runs: the weighted sum of its scorers, then the missing-EOS penalty
 (`asyncrlhf.algorithms.missing_eos_penalty`) for completions that stopped at the length limit or are longer
@@ -25,7 +26,7 @@ from asyncrlhf.algorithms import missing_eos_penalty
 
 
 class ScorerError(RuntimeError):
-    """A scorer could not score a batch (bad output, remote failure, model error); the batch can be retried."""
+    """A scorer could not score a batch (bad output, remote failure, model error); retrying may help."""
 
 
 class ScorerConfigError(ValueError):
@@ -78,8 +79,8 @@ class WeightedScorer:
 
 
 class CompositeReward:
-    """Weighted sum of scorers plus the missing-EOS penalty and length limit. Thread-safe (one call at a time),
-    so the consumer loop and the HTTP routes can share one model."""
+    """Weighted sum of scorers plus the missing-EOS penalty and length limit. Thread-safe (one call at a
+    time), so the consumer loop and the HTTP routes can share one model."""
 
     def __init__(
         self,
@@ -106,10 +107,14 @@ class CompositeReward:
         truncated = 0
         with self._lock:
             for ws in self.scorers:
-                result = ws.scorer.score(prompts, completions, labels).check(len(items), f"scorer `{ws.label}`")
+                result = ws.scorer.score(prompts, completions, labels).check(
+                    len(items), f"scorer `{ws.label}`"
+                )
                 total += ws.weight * torch.tensor(result.scores, dtype=torch.float64)
                 components[ws.label] = [float(v) for v in result.scores]
-                components.update({f"{ws.label}.{k}": [float(v) for v in vs] for k, vs in result.components.items()})
+                components.update(
+                    {f"{ws.label}.{k}": [float(v) for v in vs] for k, vs in result.components.items()}
+                )
                 truncated += result.truncated
         if self.penalty is not None:
             ended = torch.tensor([self._ended(it) for it in items])

@@ -16,15 +16,21 @@ from typing import Sequence
 
 import httpx
 
-from asyncrlhf.rewards.base import ScoreResult, ScorerConfigError, ScorerError
+from asyncrlhf.rewards.base import ScorerConfigError, ScorerError, ScoreResult
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
 class RemoteScorer:
     def __init__(
-        self, url: str, *, timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.2,
-        token: str | None = None, transport: httpx.BaseTransport | None = None,
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
     ):
         if not url.startswith(("http://", "https://")):
             raise ScorerConfigError(f"remote scorer url must start with http:// or https://, got `{url}`")
@@ -58,11 +64,15 @@ class RemoteScorer:
                 last = f"HTTP {response.status_code}: {response.text[:200]}"
                 continue
             if response.status_code != 200:
-                raise ScorerError(f"remote scorer {self.url} answered HTTP {response.status_code}: {response.text[:500]}")
+                raise ScorerError(
+                    f"remote scorer {self.url} answered HTTP {response.status_code}: {response.text[:500]}"
+                )
             try:
                 return response.json()
             except ValueError:
-                raise ScorerError(f"remote scorer {self.url} answered non-JSON: {response.text[:200]!r}") from None
+                raise ScorerError(
+                    f"remote scorer {self.url} answered non-JSON: {response.text[:200]!r}"
+                ) from None
         raise ScorerError(f"remote scorer {self.url} failed {self.retries + 1} times; last error: {last}")
 
     def close(self) -> None:
@@ -75,11 +85,17 @@ def _parse(body: object, n: int, url: str) -> ScoreResult:
     try:
         scores = [float(v) for v in body["rewards"]]
     except (TypeError, ValueError):
-        raise ScorerError(f"remote scorer {url}: `rewards` must be numbers, got {body['rewards'][:5]}") from None
+        raise ScorerError(
+            f"remote scorer {url}: `rewards` must be numbers, got {body['rewards'][:5]}"
+        ) from None
     extra = body.get("extra_logs") or {}
     components = {}
     if isinstance(extra, dict):
         for name, values in extra.items():
-            if isinstance(values, list) and len(values) == n and all(isinstance(v, (int, float)) for v in values):
+            if (
+                isinstance(values, list)
+                and len(values) == n
+                and all(isinstance(v, (int, float)) for v in values)
+            ):
                 components[str(name)] = [float(v) for v in values]
     return ScoreResult(scores, components).check(n, f"remote scorer {url}")

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from asyncrlhf.rewards.base import ScoreResult, ScorerConfigError, ScorerError
+from asyncrlhf.rewards.base import ScorerConfigError, ScorerError, ScoreResult
 
 RuleFn = Callable[..., Any]
 RULES: dict[str, RuleFn] = {}
@@ -54,8 +54,13 @@ def sentiment(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> l
 
 @rule("length_penalty")
 def length_penalty(
-    prompts: Sequence[str], completions: Sequence[str], *, target: int = 0, coef: float = 0.01,
-    unit: str = "words", **_: Any,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    target: int = 0,
+    coef: float = 0.01,
+    unit: str = "words",
+    **_: Any,
 ) -> list[float]:
     """`-coef * max(0, length - target)`, length in `unit` ("words" or "chars"): 0 up to the target."""
     if unit not in ("words", "chars"):
@@ -76,9 +81,15 @@ def regex_match(
 
 @rule("exact_match")
 def exact_match(
-    prompts: Sequence[str], completions: Sequence[str], labels: Sequence[str] | None = None, *,
-    answer: str | None = None, answers: Mapping[str, str] | None = None, extract: str | None = None,
-    case_sensitive: bool = False, **_: Any,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    labels: Sequence[str] | None = None,
+    *,
+    answer: str | None = None,
+    answers: Mapping[str, str] | None = None,
+    extract: str | None = None,
+    case_sensitive: bool = False,
+    **_: Any,
 ) -> list[float]:
     """1.0 where the completion's answer equals the reference, else 0.0 (also 0.0 with no reference).
 
@@ -94,8 +105,11 @@ def exact_match(
         if extractor is not None:
             found = extractor.search(completion)
             completion = (found.group(1) if found.groups() else found.group(0)) if found else None
-        out.append(1.0 if reference is not None and completion is not None and norm(completion) == norm(reference)
-                   else 0.0)
+        out.append(
+            1.0
+            if reference is not None and completion is not None and norm(completion) == norm(reference)
+            else 0.0
+        )
     return out
 
 
@@ -119,7 +133,8 @@ def resolve_rule(name: str) -> RuleFn:
     guess = difflib.get_close_matches(name, list(RULES), n=1)
     hint = f"did you mean `{guess[0]}`? " if guess else ""
     raise ScorerConfigError(
-        f"unknown rule `{name}`; {hint}shipped rules: {', '.join(sorted(RULES))}, or give `path/to/file.py:function`"
+        f"unknown rule `{name}`; {hint}shipped rules: {', '.join(sorted(RULES))}, "
+        "or give `path/to/file.py:function`"
     )
 
 
@@ -140,7 +155,9 @@ def load_rule_file(path: str, function: str) -> RuleFn:
     fn = getattr(module, function, None)
     if not callable(fn):
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise ScorerConfigError(f"{file} has no function `{function}`; it defines: {', '.join(names) or 'none'}")
+        raise ScorerConfigError(
+            f"{file} has no function `{function}`; it defines: {', '.join(names) or 'none'}"
+        )
     return fn
 
 
@@ -155,8 +172,9 @@ class RuleScorer:
         try:
             signature.bind([], [], **self.args)
         except TypeError as err:
-            raise ScorerConfigError(f"rule `{name}` does not accept args {self.args}: {err}; its signature: "
-                                    f"{signature}") from None
+            raise ScorerConfigError(
+                f"rule `{name}` does not accept args {self.args}: {err}; its signature: {signature}"
+            ) from None
         params = signature.parameters.values()
         self._takes_labels = any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in params)
 
@@ -190,4 +208,6 @@ def _floats(values: Any, who: str) -> list[float]:
     try:
         return [float(v) for v in values]
     except (TypeError, ValueError) as err:
-        raise ScorerError(f"rule `{who}` must return a list of numbers, got {type(values).__name__}: {err}") from None
+        raise ScorerError(
+            f"rule `{who}` must return a list of numbers, got {type(values).__name__}: {err}"
+        ) from None

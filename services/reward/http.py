@@ -58,7 +58,9 @@ class ScoreItem(BaseModel):
         "stop", description="`length`: stopped at the token limit, so the missing-EOS penalty applies."
     )
     completion_tokens: int | None = Field(None, ge=0, description="Completion length, for the length limit.")
-    label: Text | None = Field(None, description="Reference answer, for verifiable rules such as exact_match.")
+    label: Text | None = Field(
+        None, description="Reference answer, for verifiable rules such as exact_match."
+    )
 
 
 class ScoreRequest(BaseModel):
@@ -78,7 +80,9 @@ class GetRewardRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     query: list[Text] = Field(min_length=1, description="prompt + completion, one per item.")
     prompts: list[Text] | None = Field(None, description="The prompts, to split each query.")
-    labels: list[Any] | None = Field(None, description="Reference answers (strings; others are JSON-encoded).")
+    labels: list[Any] | None = Field(
+        None, description="Reference answers (strings; others are JSON-encoded)."
+    )
 
 
 def create_app(state: ServingState, metrics: RewardMetrics, *, token: str | None, max_items: int):
@@ -92,13 +96,16 @@ def create_app(state: ServingState, metrics: RewardMetrics, *, token: str | None
             if declared is None:
                 return JSONResponse({"detail": "send a Content-Length header"}, status_code=411)
             if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
-                return JSONResponse({"detail": f"body over {MAX_BODY_BYTES} bytes; split the request"},
-                                    status_code=413)
+                return JSONResponse(
+                    {"detail": f"body over {MAX_BODY_BYTES} bytes; split the request"}, status_code=413
+                )
         return await call_next(request)
 
     def run(items: list[Item]) -> ScoreResult:
         if len(items) > max_items:
-            raise HTTPException(422, f"{len(items)} items in one request; at most {max_items} (reward.max_request_items)")
+            raise HTTPException(
+                422, f"{len(items)} items in one request; at most {max_items} (reward.max_request_items)"
+            )
         if state.reward is None:
             raise HTTPException(503, "the reward service is still loading its scorers")
         start = time.perf_counter()
@@ -107,13 +114,17 @@ def create_app(state: ServingState, metrics: RewardMetrics, *, token: str | None
         except Exception as err:
             metrics.errors.inc()
             raise HTTPException(500, f"scoring failed: {type(err).__name__}: {err}") from err
-        metrics.observe("http", time.perf_counter() - start, result.scores, result.components, result.truncated)
+        metrics.observe(
+            "http", time.perf_counter() - start, result.scores, result.components, result.truncated
+        )
         return result
 
     @app.post("/score", dependencies=guard, response_model=ScoreResponse, summary="Score completions.")
     def score(request: ScoreRequest) -> ScoreResponse:
-        items = [Item(it.prompt, it.completion, it.finish_reason == "stop", it.completion_tokens, it.label)
-                 for it in request.items]
+        items = [
+            Item(it.prompt, it.completion, it.finish_reason == "stop", it.completion_tokens, it.label)
+            for it in request.items
+        ]
         result = run(items)
         return ScoreResponse(rewards=result.scores, components=result.components, truncated=result.truncated)
 
@@ -130,14 +141,16 @@ def openrlhf_items(request: GetRewardRequest) -> list[Item]:
     for name in ("prompts", "labels"):
         given = getattr(request, name)
         if given is not None and len(given) != n:
-            raise HTTPException(422, f"`{name}` has {len(given)} entries but `query` has {n}; send one per query")
+            raise HTTPException(
+                422, f"`{name}` has {len(given)} entries but `query` has {n}; send one per query"
+            )
     prompts = request.prompts or [""] * n
     labels = [_label(x) for x in request.labels] if request.labels is not None else [None] * n
     items = []
     for query, prompt, label in zip(request.query, prompts, labels):
         if not (prompt and query.startswith(prompt)):
             prompt = ""
-        items.append(Item(prompt, query[len(prompt):], True, None, label))
+        items.append(Item(prompt, query[len(prompt) :], True, None, label))
     return items
 
 

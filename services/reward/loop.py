@@ -22,7 +22,7 @@ import redis
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
 from asyncrlhf.config import Config
-from asyncrlhf.rewards import CompositeReward, Item, ScoreResult, ScorerConfigError, build_reward
+from asyncrlhf.rewards import CompositeReward, Item, ScorerConfigError, ScoreResult, build_reward
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.streams import ROLLOUTS, SCORED, Consumer, Delivery, Producer, RunStreams
 from services.reward.http import ServingState, create_app
@@ -54,8 +54,15 @@ def scored(group: RolloutGroup, result: ScoreResult, offset: int, scorer_id: str
 
 class RewardLoop:
     def __init__(
-        self, reward: CompositeReward, consumer: Consumer[RolloutGroup], producer: Producer[RolloutGroup],
-        metrics: RewardMetrics, *, scorer_id: str, retries: int, read_groups: int,
+        self,
+        reward: CompositeReward,
+        consumer: Consumer[RolloutGroup],
+        producer: Producer[RolloutGroup],
+        metrics: RewardMetrics,
+        *,
+        scorer_id: str,
+        retries: int,
+        read_groups: int,
     ):
         self.reward, self.consumer, self.producer, self.metrics = reward, consumer, producer, metrics
         self.scorer_id, self.retries, self.read_groups = scorer_id, retries, read_groups
@@ -78,7 +85,9 @@ class RewardLoop:
             outputs, errors = self._score(batch)
             done = [i for i, out in enumerate(outputs) if out is not None]
             if done:
-                written = self.consumer.ack([batch[i] for i in done], [outputs[i] for i in done], to=self.producer)
+                written = self.consumer.ack(
+                    [batch[i] for i in done], [outputs[i] for i in done], to=self.producer
+                )
                 self.metrics.groups.inc(written)
             for delivery, error in zip(batch, errors):
                 if error is not None:
@@ -98,7 +107,9 @@ class RewardLoop:
         offsets = itertools.accumulate([len(g.samples) for g in groups[:-1]], initial=0)
         return [scored(g, result, o, self.scorer_id) for g, o in zip(groups, offsets)], [None] * len(groups)
 
-    def _score_alone(self, group: RolloutGroup, first_error: str | None) -> tuple[RolloutGroup | None, str | None]:
+    def _score_alone(
+        self, group: RolloutGroup, first_error: str | None
+    ) -> tuple[RolloutGroup | None, str | None]:
         """Score one group, retrying; `first_error`, when given, was attempt zero."""
         error = first_error
         attempts = self.retries if first_error is not None else self.retries + 1
@@ -118,8 +129,9 @@ class RewardLoop:
         except Exception:
             self.metrics.errors.inc()
             raise
-        self.metrics.observe("stream", time.perf_counter() - start, result.scores, result.components,
-                             result.truncated)
+        self.metrics.observe(
+            "stream", time.perf_counter() - start, result.scores, result.components, result.truncated
+        )
         return result
 
     def _sync_counters(self) -> None:
@@ -140,8 +152,11 @@ def serve(cfg: Config, log: logging.Logger, stop: threading.Event) -> int:
     check_bind(rc.http_host, cfg, "reward HTTP")
     metrics = RewardMetrics()
     state = ServingState()
-    server = HttpServer(create_app(state, metrics, token=cfg.run.token, max_items=rc.max_request_items),
-                        rc.http_host, rc.http_port).start()
+    server = HttpServer(
+        create_app(state, metrics, token=cfg.run.token, max_items=rc.max_request_items),
+        rc.http_host,
+        rc.http_port,
+    ).start()
     log.info("reward HTTP on %s", server.url)
     try:
         try:
@@ -152,8 +167,15 @@ def serve(cfg: Config, log: logging.Logger, stop: threading.Event) -> int:
         consumer = streams.consumer(ROLLOUTS, CONSUMER_GROUP, replica_id())
         state.set_ready(reward, lambda: bool(streams.client.ping()))
         read_groups = max(1, rc.batch_size // cfg.generator.samples_per_prompt)
-        RewardLoop(reward, consumer, streams.producer(SCORED), metrics, scorer_id=consumer.name,
-                   retries=rc.retries, read_groups=read_groups).run(stop)
+        RewardLoop(
+            reward,
+            consumer,
+            streams.producer(SCORED),
+            metrics,
+            scorer_id=consumer.name,
+            retries=rc.retries,
+            read_groups=read_groups,
+        ).run(stop)
     finally:
         server.stop()
     log.info("reward stopped")

@@ -22,30 +22,56 @@ class RewardMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.groups = Counter(_name("groups_scored", "total"), "Rollout groups scored and written.", registry=r)
-        self.samples = Counter(_name("samples_scored", "total"), "Completions scored (stream and HTTP).",
-                               ["source"], registry=r)
-        self.latency = Histogram(_name("scoring", "seconds"), "Time of one scoring call (a batch of items).",
-                                 ["source"], buckets=LATENCY_BUCKETS, registry=r)
-        self.reward = Histogram(_name("reward"), "Distribution of total rewards.", buckets=REWARD_BUCKETS,
-                                registry=r)
-        self.reward_mean = Gauge(_name("reward_mean"), f"Mean total reward of the last {RUNNING_WINDOW} samples.",
-                                 registry=r)
-        self.component_mean = Gauge(_name("component_mean"),
-                                    f"Mean of each reward component over its last {RUNNING_WINDOW} samples.",
-                                    ["component"], registry=r)
-        self.truncated = Counter(_name("truncated_inputs", "total"),
-                                 "Reward-model inputs cut to reward.max_length.", registry=r)
+        self.groups = Counter(
+            _name("groups_scored", "total"), "Rollout groups scored and written.", registry=r
+        )
+        self.samples = Counter(
+            _name("samples_scored", "total"), "Completions scored (stream and HTTP).", ["source"], registry=r
+        )
+        self.latency = Histogram(
+            _name("scoring", "seconds"),
+            "Time of one scoring call (a batch of items).",
+            ["source"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reward = Histogram(
+            _name("reward"), "Distribution of total rewards.", buckets=REWARD_BUCKETS, registry=r
+        )
+        self.reward_mean = Gauge(
+            _name("reward_mean"), f"Mean total reward of the last {RUNNING_WINDOW} samples.", registry=r
+        )
+        self.component_mean = Gauge(
+            _name("component_mean"),
+            f"Mean of each reward component over its last {RUNNING_WINDOW} samples.",
+            ["component"],
+            registry=r,
+        )
+        self.truncated = Counter(
+            _name("truncated_inputs", "total"), "Reward-model inputs cut to reward.max_length.", registry=r
+        )
         self.errors = Counter(_name("scoring_errors", "total"), "Scoring calls that raised.", registry=r)
-        self.dead_lettered = Counter(_name("dead_lettered_groups", "total"),
-                                     "Rollout groups sent to the dead-letter stream.", registry=r)
-        self.duplicates = Counter(_name("duplicate_groups", "total"),
-                                  "Re-delivered groups skipped because they were already scored.", registry=r)
+        self.dead_lettered = Counter(
+            _name("dead_lettered_groups", "total"),
+            "Rollout groups sent to the dead-letter stream.",
+            registry=r,
+        )
+        self.duplicates = Counter(
+            _name("duplicate_groups", "total"),
+            "Re-delivered groups skipped because they were already scored.",
+            registry=r,
+        )
         self._recent: deque[float] = deque(maxlen=RUNNING_WINDOW)
         self._recent_components: dict[str, deque[float]] = {}
 
-    def observe(self, source: str, seconds: float, rewards: Sequence[float],
-                components: Mapping[str, Sequence[float]], truncated: int) -> None:
+    def observe(
+        self,
+        source: str,
+        seconds: float,
+        rewards: Sequence[float],
+        components: Mapping[str, Sequence[float]],
+        truncated: int,
+    ) -> None:
         """Record one successful scoring call of `len(rewards)` items."""
         self.latency.labels(source).observe(seconds)
         self.samples.labels(source).inc(len(rewards))

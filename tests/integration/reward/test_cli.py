@@ -11,8 +11,13 @@ pytestmark = pytest.mark.integration
 
 
 def run_reward(*overrides):
-    return subprocess.run([sys.executable, "-m", "services.reward", "--config", str(REPO / "configs/tiny.yaml"),
-                           *overrides], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "services.reward", "--config", str(REPO / "configs/tiny.yaml"), *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_unknown_rule_exits_2_with_a_suggestion(redis_url):

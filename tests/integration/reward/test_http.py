@@ -28,12 +28,18 @@ def vader(text):
 def served(request):
     """A reward HTTP server on a free port: sentiment (weight 1) + exact_match (weight 0.5); max 4 items."""
     token = getattr(request, "param", None)
-    cfg = RewardConfig(scorers=[ScorerConfig(kind="rule", name="sentiment"),
-                                ScorerConfig(kind="rule", name="exact_match", weight=0.5)],
-                       missing_eos_penalty=-1.0, max_request_items=4)
+    cfg = RewardConfig(
+        scorers=[
+            ScorerConfig(kind="rule", name="sentiment"),
+            ScorerConfig(kind="rule", name="exact_match", weight=0.5),
+        ],
+        missing_eos_penalty=-1.0,
+        max_request_items=4,
+    )
     state, metrics = ServingState(), RewardMetrics()
-    server = HttpServer(create_app(state, metrics, token=token, max_items=cfg.max_request_items),
-                        "127.0.0.1", 0).start()
+    server = HttpServer(
+        create_app(state, metrics, token=token, max_items=cfg.max_request_items), "127.0.0.1", 0
+    ).start()
     wait_for(lambda: _up(server.url), 10, "the HTTP server")
     assert requests.get(server.url + "/readyz", timeout=5).status_code == 503  # scorers not loaded yet
     state.set_ready(build_reward(cfg), lambda: True)
@@ -59,15 +65,21 @@ def test_get_reward_answers_an_openrlhf_client_request(served):
     url, metrics = served
     prompts = ["<s>user\nWhat is 2+2?</s>\n<s>assistant\n", "<s>user\nHow was the film?</s>\n<s>assistant\n"]
     responses = ["4", NEGATIVE]
-    data = {"query": [p + r for p, r in zip(prompts, responses)], "prompts": prompts, "labels": ["4", ""],
-            "datasources": ["math", "chat"]}  # newer clients send extra keys: accepted
+    data = {
+        "query": [p + r for p, r in zip(prompts, responses)],
+        "prompts": prompts,
+        "labels": ["4", ""],
+        "datasources": ["math", "chat"],
+    }  # newer clients send extra keys: accepted
     body = openrlhf_post(url + "/get_reward", data)
     # item 0: sentiment("4") = 0 + 0.5 * exact_match 1 = 0.5; item 1: vader(NEGATIVE) + 0.5 * 0 (no label)
     assert body["rewards"] == pytest.approx([0.5, vader(NEGATIVE)])
     assert body["scores"] == body["rewards"]
     assert body["extra_logs"]["exact_match"] == [1.0, 0.0]
     # the oldest clients send only `query`: the whole query is then the completion
-    assert openrlhf_post(url + "/get_reward", {"query": [POSITIVE]})["rewards"] == pytest.approx([vader(POSITIVE)])
+    assert openrlhf_post(url + "/get_reward", {"query": [POSITIVE]})["rewards"] == pytest.approx(
+        [vader(POSITIVE)]
+    )
     assert 'asyncrlhf_reward_samples_scored_total{source="http"} 3.0' in requests.get(url + "/metrics").text
     assert requests.get(url + "/readyz").status_code == 200
 
@@ -83,25 +95,33 @@ def test_our_remote_client_scores_against_our_server(served):
 
 def test_score_route_applies_the_penalty_and_reports_components(served):
     url, _ = served
-    body = httpx.post(url + "/score", json={"items": [
-        {"prompt": "p", "completion": POSITIVE},
-        {"prompt": "p", "completion": POSITIVE, "finish_reason": "length"},
-    ]}).json()
+    body = httpx.post(
+        url + "/score",
+        json={
+            "items": [
+                {"prompt": "p", "completion": POSITIVE},
+                {"prompt": "p", "completion": POSITIVE, "finish_reason": "length"},
+            ]
+        },
+    ).json()
     assert body["rewards"] == pytest.approx([vader(POSITIVE), -1.0])
     assert body["components"]["missing_eos"] == [0.0, 1.0] and body["truncated"] == 0
 
 
-@pytest.mark.parametrize("route,payload,reason", [
-    ("/get_reward", {}, "query"),
-    ("/get_reward", {"query": "not a list"}, "list"),
-    ("/get_reward", {"query": []}, "at least 1"),
-    ("/get_reward", {"query": ["a", "b"], "prompts": ["a"]}, "`prompts` has 1 entries but `query` has 2"),
-    ("/get_reward", {"query": ["a"] * 5}, "at most 4"),
-    ("/score", {"items": [{"prompt": "p"}]}, "completion"),
-    ("/score", {"items": [{"prompt": "p", "completion": "c", "finish_reason": "eos"}]}, "stop"),
-    ("/score", {"items": [{"prompt": "p", "completion": "c", "colour": 1}]}, "Extra inputs"),
-    ("/score", {"items": [{"prompt": "p", "completion": "c"}] * 5}, "at most 4"),
-])
+@pytest.mark.parametrize(
+    "route,payload,reason",
+    [
+        ("/get_reward", {}, "query"),
+        ("/get_reward", {"query": "not a list"}, "list"),
+        ("/get_reward", {"query": []}, "at least 1"),
+        ("/get_reward", {"query": ["a", "b"], "prompts": ["a"]}, "`prompts` has 1 entries but `query` has 2"),
+        ("/get_reward", {"query": ["a"] * 5}, "at most 4"),
+        ("/score", {"items": [{"prompt": "p"}]}, "completion"),
+        ("/score", {"items": [{"prompt": "p", "completion": "c", "finish_reason": "eos"}]}, "stop"),
+        ("/score", {"items": [{"prompt": "p", "completion": "c", "colour": 1}]}, "Extra inputs"),
+        ("/score", {"items": [{"prompt": "p", "completion": "c"}] * 5}, "at most 4"),
+    ],
+)
 def test_invalid_input_gets_422_with_a_reason(served, route, payload, reason):
     url, _ = served
     response = httpx.post(url + route, json=payload)
@@ -114,8 +134,9 @@ def test_size_limits(served, monkeypatch):
     monkeypatch.setattr(reward_http, "MAX_BODY_BYTES", 100)
     response = httpx.post(url + "/get_reward", json={"query": ["x" * 200]})
     assert response.status_code == 413 and "split the request" in response.text
-    chunked = httpx.post(url + "/get_reward", content=iter([b'{"query": ["x"]}']),
-                         headers={"Content-Type": "application/json"})
+    chunked = httpx.post(
+        url + "/get_reward", content=iter([b'{"query": ["x"]}']), headers={"Content-Type": "application/json"}
+    )
     assert chunked.status_code == 411
 
 

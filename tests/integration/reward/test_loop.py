@@ -11,7 +11,7 @@ from asyncrlhf.rewards import build_reward
 from asyncrlhf.streams import ROLLOUTS, SCORED, RunStreams
 from services.reward.loop import CONSUMER_GROUP, RewardLoop
 from services.reward.metrics import RewardMetrics
-from tests.integration.reward.helpers import COMPLETIONS, rollout, scored_groups, wait_for
+from tests.integration.reward.helpers import COMPLETIONS, rollout, scored_groups
 
 pytestmark = pytest.mark.integration
 
@@ -21,9 +21,15 @@ FAST = RedisConfig(claim_idle_ms=200, block_ms=50, max_deliveries=2)
 def make_loop(client, run, reward_cfg, consumer="r0", read_groups=4):
     streams = RunStreams(client, run, FAST)
     metrics = RewardMetrics()
-    loop = RewardLoop(build_reward(reward_cfg), streams.consumer(ROLLOUTS, CONSUMER_GROUP, consumer),
-                      streams.producer(SCORED), metrics, scorer_id=consumer, retries=reward_cfg.retries,
-                      read_groups=read_groups)
+    loop = RewardLoop(
+        build_reward(reward_cfg),
+        streams.consumer(ROLLOUTS, CONSUMER_GROUP, consumer),
+        streams.producer(SCORED),
+        metrics,
+        scorer_id=consumer,
+        retries=reward_cfg.retries,
+        read_groups=read_groups,
+    )
     return streams, loop, metrics
 
 
@@ -35,10 +41,14 @@ def run_until(loop, condition, timeout_s=20.0):
 
 
 def test_tiny_reward_model_through_redis_equals_a_direct_forward_pass(redis_client, run_name):
-    cfg = RewardConfig(scorers=[ScorerConfig(kind="model", path="tiny")], missing_eos_penalty=None, device="cpu")
+    cfg = RewardConfig(
+        scorers=[ScorerConfig(kind="model", path="tiny")], missing_eos_penalty=None, device="cpu"
+    )
     streams, loop, metrics = make_loop(redis_client, run_name, cfg)
-    groups = [rollout(f"g{i}", prompt=f"Prompt {i}:", texts=COMPLETIONS[i % 2 : i % 2 + 3], stopped=(True,) * 3)
-              for i in range(5)]
+    groups = [
+        rollout(f"g{i}", prompt=f"Prompt {i}:", texts=COMPLETIONS[i % 2 : i % 2 + 3], stopped=(True,) * 3)
+        for i in range(5)
+    ]
     streams.producer(ROLLOUTS).add_many(groups)
     run_until(loop, lambda: len(scored_groups(streams)) == 5)
 
@@ -63,7 +73,9 @@ def test_tiny_reward_model_through_redis_equals_a_direct_forward_pass(redis_clie
 def test_sentiment_with_missing_eos_penalty_and_weights(redis_client, run_name):
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-    cfg = RewardConfig(scorers=[ScorerConfig(kind="rule", name="sentiment", weight=2.0)], missing_eos_penalty=-3.0)
+    cfg = RewardConfig(
+        scorers=[ScorerConfig(kind="rule", name="sentiment", weight=2.0)], missing_eos_penalty=-3.0
+    )
     streams, loop, _ = make_loop(redis_client, run_name, cfg)
     streams.producer(ROLLOUTS).add(rollout("g0", texts=COMPLETIONS[:2], stopped=(True, False)))
     run_until(loop, lambda: len(scored_groups(streams)) == 1)
@@ -111,6 +123,8 @@ def test_a_group_enqueued_twice_is_scored_once(redis_client, run_name):
     cfg = RewardConfig(scorers=[ScorerConfig(kind="rule", name="sentiment")])
     streams, loop, metrics = make_loop(redis_client, run_name, cfg, read_groups=1)
     streams.producer(ROLLOUTS).add_many([rollout("g0"), rollout("g1"), rollout("g0")])
-    run_until(loop, lambda: len(scored_groups(streams)) >= 2 and streams.stats(ROLLOUTS, CONSUMER_GROUP).length == 0)
+    run_until(
+        loop, lambda: len(scored_groups(streams)) >= 2 and streams.stats(ROLLOUTS, CONSUMER_GROUP).length == 0
+    )
     assert sorted(g.group_id for g in scored_groups(streams)) == ["g0", "g1"]
     assert metrics.groups._value.get() == 2 and metrics.duplicates._value.get() == 1

@@ -46,8 +46,13 @@ def free_port() -> int:
 def start_replica(command, config, port, log, env_extra=()):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **dict(env_extra)}
     overrides = [f"reward.http_port={port}"]
-    return subprocess.Popen([*command, "--config", str(REPO / "configs/tiny.yaml"), "--config", str(config),
-                             *overrides], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [*command, "--config", str(REPO / "configs/tiny.yaml"), "--config", str(config), *overrides],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def ready(port) -> bool:
@@ -57,26 +62,36 @@ def ready(port) -> bool:
         return False
 
 
-def test_two_replicas_one_killed_mid_batch_score_every_group_exactly_once(redis_url, redis_client, run_name, tmp_path):
+def test_two_replicas_one_killed_mid_batch_score_every_group_exactly_once(
+    redis_url, redis_client, run_name, tmp_path
+):
     (tmp_path / "slow.py").write_text(RULE)
     stall = tmp_path / "stall"
     config = tmp_path / "reward.yaml"
     config.write_text(
         f"run: {{name: {run_name}}}\n"
         f"redis: {{url: '{redis_url}', claim_idle_ms: 500, block_ms: 100}}\n"
-        f"reward:\n  batch_size: 2\n  scorers:\n    - {{kind: rule, name: '{tmp_path}/slow.py:slow_sentiment'}}\n"
+        f"reward:\n  batch_size: 2\n"
+        f"  scorers:\n    - {{kind: rule, name: '{tmp_path}/slow.py:slow_sentiment'}}\n"
     )
     streams = RunStreams(redis_client, run_name, RedisConfig())
     ports = free_port(), free_port()
     logs = [open(tmp_path / f"replica{i}.log", "wb") for i in range(2)]
-    victim = start_replica([sys.executable, "-m", "services.reward"], config, ports[0], logs[0],
-                           {"STALL_FILE": str(stall)})
-    survivor = start_replica([str(Path(sys.executable).parent / "asyncrlhf"), "reward"], config, ports[1], logs[1])
+    victim = start_replica(
+        [sys.executable, "-m", "services.reward"], config, ports[0], logs[0], {"STALL_FILE": str(stall)}
+    )
+    survivor = start_replica(
+        [str(Path(sys.executable).parent / "asyncrlhf"), "reward"], config, ports[1], logs[1]
+    )
     try:
         wait_for(lambda: ready(ports[0]) and ready(ports[1]), 90, "both replicas ready", poll_s=0.2)
         streams.producer(ROLLOUTS).add_many([rollout(f"g{i:03d}") for i in range(GROUPS)])
-        wait_for(lambda: len({g.scorer_id for g in scored_groups(streams)}) == 2, 60,
-                 "both replicas to score groups", poll_s=0.1)
+        wait_for(
+            lambda: len({g.scorer_id for g in scored_groups(streams)}) == 2,
+            60,
+            "both replicas to score groups",
+            poll_s=0.1,
+        )
         stall.touch()
         wait_for(lambda: Path(f"{stall}.stalled").exists(), 30, "the victim to stall mid-batch")
         victim.send_signal(signal.SIGKILL)
@@ -90,8 +105,10 @@ def test_two_replicas_one_killed_mid_batch_score_every_group_exactly_once(redis_
         wait_for(lambda: streams.stats(ROLLOUTS, CONSUMER_GROUP).pending == 0, 30, "nothing left pending")
         ids = [g.group_id for g in scored_groups(streams)]
         assert sorted(ids) == [f"g{i:03d}" for i in range(GROUPS)], "each group exactly once"
-        assert all(len(g.samples) == 2 and all(s.HasField("reward") for s in g.samples)
-                   for g in scored_groups(streams))
+        assert all(
+            len(g.samples) == 2 and all(s.HasField("reward") for s in g.samples)
+            for g in scored_groups(streams)
+        )
         metrics = requests.get(f"http://127.0.0.1:{ports[1]}/metrics", timeout=5).text
         assert "asyncrlhf_reward_groups_scored_total" in metrics
         assert survivor.poll() is None, "the survivor should still be running"

@@ -1,7 +1,14 @@
 import pytest
 
 from asyncrlhf.config import RewardConfig, ScorerConfig
-from asyncrlhf.rewards import CompositeReward, Item, ScoreResult, ScorerConfigError, WeightedScorer, build_reward
+from asyncrlhf.rewards import (
+    CompositeReward,
+    Item,
+    ScorerConfigError,
+    ScoreResult,
+    WeightedScorer,
+    build_reward,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +29,10 @@ def items(n, ended=True, tokens=None):
 
 def test_weighted_sum_and_components():
     reward = CompositeReward(
-        [WeightedScorer("a", 2.0, Fixed([1.0, -0.5], {"sub": [3.0, 4.0]})), WeightedScorer("b", -0.5, Fixed([4.0, 2.0]))]
+        [
+            WeightedScorer("a", 2.0, Fixed([1.0, -0.5], {"sub": [3.0, 4.0]})),
+            WeightedScorer("b", -0.5, Fixed([4.0, 2.0])),
+        ]
     )
     result = reward.score(items(2))
     # item 0: 2.0 * 1.0 + (-0.5) * 4.0 = 0.0;  item 1: 2.0 * -0.5 + (-0.5) * 2.0 = -2.0
@@ -38,8 +48,11 @@ def test_missing_eos_penalty_replaces_the_sum():
 
 
 def test_length_limit_counts_as_missing_eos():
-    reward = CompositeReward([WeightedScorer("a", 1.0, Fixed([0.25, 0.25, 0.25]))], missing_eos_penalty=-1.0,
-                             max_completion_tokens=8)
+    reward = CompositeReward(
+        [WeightedScorer("a", 1.0, Fixed([0.25, 0.25, 0.25]))],
+        missing_eos_penalty=-1.0,
+        max_completion_tokens=8,
+    )
     result = reward.score([Item("p", "c", True, 8), Item("p", "c", True, 9), Item("p", "c", True, None)])
     # 8 tokens is within the limit; 9 is over; unknown length is not judged
     assert result.scores == [0.25, -1.0, 0.25]
@@ -67,12 +80,21 @@ def test_build_reward_from_config_labels_each_scorer(tmp_path):
     # sentiment 0.0; length_penalty: -0.1 * (3 - 1) = -0.2, weighted x2 = -0.4;
     # length_penalty_2: -1.0 * 3 = -3.0; score_fn: 1.0 x 0.5 = 0.5;  total = -0.4 - 3.0 + 0.5 = -2.9
     assert result.scores == pytest.approx([-2.9])
-    assert set(result.components) == {"sentiment", "length_penalty", "length_penalty_2", "score_fn", "missing_eos"}
+    assert set(result.components) == {
+        "sentiment",
+        "length_penalty",
+        "length_penalty_2",
+        "score_fn",
+        "missing_eos",
+    }
 
 
 def test_scorer_configs_missing_their_target_fail_clearly():
-    for sc, needs in [(ScorerConfig(kind="rule"), "needs `name`"), (ScorerConfig(kind="model"), "needs `path`"),
-                      (ScorerConfig(kind="remote"), "needs `url`")]:
+    for sc, needs in [
+        (ScorerConfig(kind="rule"), "needs `name`"),
+        (ScorerConfig(kind="model"), "needs `path`"),
+        (ScorerConfig(kind="remote"), "needs `url`"),
+    ]:
         with pytest.raises(ScorerConfigError, match=needs):
             build_reward(RewardConfig(scorers=[sc]))
     with pytest.raises(ScorerConfigError, match="at least one scorer"):

@@ -10,8 +10,13 @@ pytestmark = pytest.mark.unit
 
 
 def scorer_with(handler, retries=2, **kwargs):
-    return RemoteScorer("http://rm.test:5000", retries=retries, backoff_s=0.001,
-                        transport=httpx.MockTransport(handler), **kwargs)
+    return RemoteScorer(
+        "http://rm.test:5000",
+        retries=retries,
+        backoff_s=0.001,
+        transport=httpx.MockTransport(handler),
+        **kwargs,
+    )
 
 
 def test_sends_openrlhf_request_and_reads_rewards_and_extra_logs():
@@ -19,14 +24,20 @@ def test_sends_openrlhf_request_and_reads_rewards_and_extra_logs():
 
     def handler(request):
         seen.append((request.url.path, json.loads(request.content), request.headers.get("authorization")))
-        return httpx.Response(200, json={"rewards": [0.5, -1], "scores": [0.5, -1],
-                                         "extra_logs": {"acc": [1, 0], "bad": [1]}})
+        return httpx.Response(
+            200, json={"rewards": [0.5, -1], "scores": [0.5, -1], "extra_logs": {"acc": [1, 0], "bad": [1]}}
+        )
 
     result = scorer_with(handler, token="s3").score(["Q: ", "Q2: "], ["a", "b"])
     assert result.scores == [0.5, -1.0]
     assert result.components == {"acc": [1.0, 0.0]}  # wrong-length logs are dropped
-    assert seen == [("/get_reward", {"query": ["Q: a", "Q2: b"], "prompts": ["Q: ", "Q2: "], "labels": ["", ""]},
-                     "Bearer s3")]
+    assert seen == [
+        (
+            "/get_reward",
+            {"query": ["Q: a", "Q2: b"], "prompts": ["Q: ", "Q2: "], "labels": ["", ""]},
+            "Bearer s3",
+        )
+    ]
 
 
 def test_retries_transient_failures_then_gives_up():

@@ -55,10 +55,15 @@ def test_file_rule_loads_and_may_return_components_or_tensors(tmp_path):
         "def as_tensor(prompts, completions):\n"
         "    return torch.tensor([1.5] * len(completions))\n"
         "def with_logs(prompts, completions, labels=None):\n"
-        "    hits = [1.0 if l and l in c else 0.0 for c, l in zip(completions, labels or [None] * len(completions))]\n"
-        "    return {'rewards': hits, 'extra_logs': {'hit': hits, 'n': [float(len(c)) for c in completions]}}\n"
+        "    refs = labels or [None] * len(completions)\n"
+        "    hits = [1.0 if r and r in c else 0.0 for c, r in zip(completions, refs)]\n"
+        "    lengths = [float(len(c)) for c in completions]\n"
+        "    return {'rewards': hits, 'extra_logs': {'hit': hits, 'n': lengths}}\n"
     )
-    assert RuleScorer(f"{file}:reward_fn", {"bonus": 0.5}).score(["p", "p"], ["ab", "abcd"]).scores == [2.5, 4.5]
+    assert RuleScorer(f"{file}:reward_fn", {"bonus": 0.5}).score(["p", "p"], ["ab", "abcd"]).scores == [
+        2.5,
+        4.5,
+    ]
     assert RuleScorer(f"{file}:as_tensor").score(["p"], ["x"]).scores == [1.5]
     result = RuleScorer(f"{file}:with_logs").score(["p", "p"], ["yes 4", "no"], ["4", "4"])
     assert result.scores == [1.0, 0.0]
