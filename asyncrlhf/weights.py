@@ -1,9 +1,14 @@
 """Weight sync over gRPC: state dict <-> WeightChunk messages, the pushing client, and the receiving server.
 
 Pushing side (learner): `WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push
-dtype once, checksums each tensor once (CRC-32), and streams chunks to every target concurrently, each with
-its own deadline; it returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or
+dtype once and streams chunks to every target concurrently, each with its own deadline, checksumming each
+tensor (CRC-32) as it goes; it returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or
 unreachable.
+
+Tensor bytes are the bulk of a push, so they are never copied through protobuf objects: `encode_chunk`
+writes a WeightChunk as its small header message followed by the `data` field, and `decode_chunk` reads the
+header with protobuf and hands `data` back as a view of the received buffer. The bytes on the wire are a
+standard WeightChunk; any protobuf client or server interoperates.
 
 Receiving side (generator): a `WeightReceiver` stages a push chunk by chunk, verifying every tensor against
 the live model (`WeightTarget.named_tensors`: name, shape, dtype) and its checksum, and only on the commit
@@ -14,12 +19,14 @@ before anything live is touched, so the receiver keeps serving its previous vers
 
 from __future__ import annotations
 
+import collections
 import hmac
+import queue
 import ipaddress
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, Mapping, Protocol, Sequence
 
@@ -56,13 +63,12 @@ PUSH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": tor
 
 @dataclass(frozen=True)
 class WireTensor:
-    """A tensor ready to send: cast, contiguous, on CPU, with its checksum. Shared by every target."""
+    """A tensor ready to send: cast, contiguous, on CPU, as raw bytes. Shared by every target of a push."""
 
     name: str
     dtype: int  # pb.DType
     shape: tuple[int, ...]
     data: memoryview  # raw bytes, C order
-    checksum: int
     tensor: torch.Tensor  # keeps `data` alive
 
 
@@ -74,8 +80,7 @@ def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) ->
     t = t.to("cpu").contiguous()
     if t.dtype not in _TO_WIRE:
         raise ValueError(f"cannot push tensor `{name}` of dtype {t.dtype}; supported: {sorted(map(str, _TO_WIRE))}")
-    data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-    return WireTensor(name, _TO_WIRE[t.dtype], tuple(t.shape), data, zlib.crc32(data), t)
+    return WireTensor(name, _TO_WIRE[t.dtype], tuple(t.shape), memoryview(t.reshape(-1).view(torch.uint8).numpy()), t)
 
 
 def prepare(state_dict: Mapping[str, torch.Tensor], dtype: str | torch.dtype | None = None) -> list[WireTensor]:
@@ -89,18 +94,83 @@ def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return {name: t for name, t in state_dict.items() if "lora_" in name}
 
 
-def chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False) -> Iterator[pb.WeightChunk]:
-    """The messages of one push: each tensor in `chunk_bytes` slices, then the commit message."""
+def encoded_chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False) -> Iterator[bytes]:
+    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its CRC-32 on the last),
+    then the commit message."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
     for t in tensors:
-        nbytes = t.data.nbytes
+        nbytes, crc = t.data.nbytes, 0
         for offset in range(0, max(nbytes, 1), chunk_bytes):
-            yield pb.WeightChunk(
-                version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
-                data=t.data[offset:offset + chunk_bytes].tobytes(), checksum=t.checksum,
-            )
-    yield pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial)
+            data = t.data[offset:offset + chunk_bytes]
+            crc = zlib.crc32(data, crc)
+            last = offset + chunk_bytes >= nbytes
+            header = pb.WeightChunk(version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
+                                    checksum=crc if last else 0)
+            yield encode_chunk(header, data)
+    yield pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial).SerializeToString()
+
+
+def chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False) -> Iterator[pb.WeightChunk]:
+    """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
+    return (pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors, version, chunk_bytes, partial))
+
+
+_DATA_FIELD = pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number
+_DATA_TAG = bytes([_DATA_FIELD << 3 | 2])  # field 6, length-delimited
+
+
+def encode_chunk(header: pb.WeightChunk, data: memoryview | bytes) -> bytes:
+    """Serialize `header` with `data` as its `data` field, copying the bytes once."""
+    return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(data)), data))
+
+
+def decode_chunk(raw: bytes) -> tuple[pb.WeightChunk, memoryview]:
+    """Parse a serialized WeightChunk into its header (everything but `data`) and a view of `data`."""
+    view, pos, data, rest = memoryview(raw), 0, memoryview(b""), []
+    while pos < len(raw):
+        start = pos
+        key, pos = _read_varint(raw, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, pos = _read_varint(raw, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, pos = _read_varint(raw, pos)
+            if field == _DATA_FIELD:
+                data, start = view[pos:pos + length], None
+            pos += length
+        else:
+            raise ValueError(f"WeightChunk: unsupported wire type {wire_type}")
+        if pos > len(raw):
+            raise ValueError("WeightChunk: truncated message")
+        if start is not None:
+            rest.append(view[start:pos])
+    return pb.WeightChunk.FromString(b"".join(rest)), data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(raw) or shift > 63:
+            raise ValueError("WeightChunk: malformed varint")
+        byte = raw[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -128,7 +198,9 @@ class WeightTarget(Protocol):
         """Name -> live tensor (only shape and dtype are read); a push may update exactly these names."""
 
     def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Swap in the verified tensors (CPU, already in the live dtypes) all at once."""
+        """Swap in the verified tensors all at once. They are CPU tensors with the live shapes, in the pushed
+        dtype (a floating push dtype may differ from the live one: copy with a cast). The receiver reuses
+        their memory for the next push, so copy them; do not keep references."""
 
 
 class ModuleTarget:
@@ -171,107 +243,139 @@ class ReceiverStatus:
     tensor_count: int
 
 
+def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
+    for message in messages:
+        yield message if isinstance(message, tuple) else (message, memoryview(message.data))
+
+
 class _Staging:
-    """One tensor being received: a byte buffer filled in order, with a running checksum."""
+    """One tensor being received: a byte buffer filled in order with a running checksum. The copy and the
+    checksum run on `worker` (one thread, so in order), overlapping with gRPC receiving the next chunk."""
 
-    def __init__(self, chunk: pb.WeightChunk, live: torch.Tensor):
-        self.name, self.wire_dtype, self.shape = chunk.name, _FROM_WIRE[chunk.dtype], tuple(chunk.shape)
-        self.live_dtype, self.checksum = live.dtype, chunk.checksum
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.wire_dtype.itemsize
-        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8)
-        self._view = self.buffer.numpy()
-        self.filled, self.crc = 0, 0
+    MAX_QUEUED = 8  # chunks waiting for the worker; bounds the memory held by received messages
 
-    def add(self, chunk: pb.WeightChunk) -> None:
-        data = chunk.data
-        if chunk.offset != self.filled or self.filled + len(data) > self.nbytes:
-            raise PushRejected("bad_offset", f"`{self.name}`: chunk at byte {chunk.offset} (+{len(data)}) after "
+    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
+        self.name, self.dtype, self.shape = header.name, _FROM_WIRE[header.dtype], tuple(header.shape)
+        self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
+        self.nbytes, self.filled, self.crc, self.checksum = buffer.numel(), 0, 0, None
+        self._queued: collections.deque[Future] = collections.deque()
+
+    def add(self, header: pb.WeightChunk, data: memoryview) -> None:
+        end = self.filled + len(data)
+        if header.offset != self.filled or end > self.nbytes:
+            raise PushRejected("bad_offset", f"`{self.name}`: chunk at byte {header.offset} (+{len(data)}) after "
                                              f"{self.filled} of {self.nbytes} bytes; chunks must be in order")
-        if chunk.checksum != self.checksum:
-            raise PushRejected("bad_checksum", f"`{self.name}`: chunks disagree on the tensor's checksum")
-        self._view[self.filled:self.filled + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._queued.append(self._worker.submit(self._copy, self.filled, data))
+        if len(self._queued) > self.MAX_QUEUED:
+            self._queued.popleft().result()
+        self.filled = end
+        if end == self.nbytes:
+            self.checksum = header.checksum
+
+    def _copy(self, start: int, data: memoryview) -> None:
+        self._view[start:start + len(data)] = np.frombuffer(data, dtype=np.uint8)
         self.crc = zlib.crc32(data, self.crc)
-        self.filled += len(data)
 
     def finish(self) -> torch.Tensor:
-        if self.filled != self.nbytes:
+        while self._queued:
+            self._queued.popleft().result()
+        if self.filled != self.nbytes or self.checksum is None:
             raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
         if self.crc != self.checksum:
             raise PushRejected("bad_checksum", f"`{self.name}`: CRC-32 {self.crc:#010x}, expected {self.checksum:#010x}")
-        tensor = self.buffer.view(self.wire_dtype).reshape(self.shape)
-        return tensor if self.wire_dtype == self.live_dtype else tensor.to(self.live_dtype)
+        return self.buffer.view(self.dtype).reshape(self.shape)
 
 
 class WeightReceiver:
-    """Stages pushes and applies each atomically on commit; pushes are handled one at a time."""
+    """Stages pushes and applies each atomically on commit; pushes are handled one at a time. Staging
+    buffers are kept between pushes (a second copy of the pushed tensors in CPU memory), so a push does
+    not pay for fresh allocations."""
 
     def __init__(self, target: WeightTarget, version: int = 0):
         self.target = target
         self.version = version
         self.updated_at = 0.0
         self._lock = threading.Lock()
+        self._buffers: dict[str, torch.Tensor] = {}
+        self.incoming_version: int | None = None
 
     def status(self) -> ReceiverStatus:
         return ReceiverStatus(self.version, self.updated_at, len(self.target.named_tensors()))
 
-    def receive(self, messages: Iterable[pb.WeightChunk]) -> PushResult:
-        """Consume one push; raise `PushRejected` (old weights intact) or return once the new version is live."""
-        with self._lock:
-            live = self.target.named_tensors()
-            staged: dict[str, torch.Tensor] = {}
-            current: _Staging | None = None
-            version: int | None = None
-            received = 0
-            for chunk in messages:
-                version = self._check_version(chunk, version)
-                if chunk.commit:
-                    if current is not None:
-                        staged[current.name] = current.finish()
-                    return self._commit(chunk, live, staged, received)
-                if current is None or chunk.name != current.name:
-                    if current is not None:
-                        staged[current.name] = current.finish()
-                    current = self._start(chunk, live, staged)
-                current.add(chunk)
-                received += len(chunk.data)
-            where = f" in `{current.name}`" if current is not None else ""
-            raise PushRejected("truncated", f"the stream ended before the commit message{where}")
+    def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
+        """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
+        `PushRejected` (old weights intact) or return once the new version is live. While a push is being
+        received, `incoming_version` is its version."""
+        # the worker is per push: leaving the `with` waits for its queued copies, so a rejected push never
+        # writes into buffers the next push is using
+        with self._lock, ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage") as worker:
+            try:
+                return self._receive(_as_pairs(messages), worker)
+            finally:
+                self.incoming_version = None
 
-    def _check_version(self, chunk: pb.WeightChunk, version: int | None) -> int:
+    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]], worker: ThreadPoolExecutor) -> PushResult:
+        live = self.target.named_tensors()
+        staged: dict[str, torch.Tensor] = {}
+        current: _Staging | None = None
+        version: int | None = None
+        received = 0
+        for header, data in messages:
+            version = self._check_version(header, version)
+            if header.commit:
+                if current is not None:
+                    staged[current.name] = current.finish()
+                return self._commit(header, live, staged, received)
+            if current is None or header.name != current.name:
+                if current is not None:
+                    staged[current.name] = current.finish()
+                current = self._start(header, live, staged, worker)
+            current.add(header, data)
+            received += len(data)
+        where = f" in `{current.name}`" if current is not None else ""
+        raise PushRejected("truncated", f"the stream ended before the commit message{where}")
+
+    def _check_version(self, header: pb.WeightChunk, version: int | None) -> int:
         if version is None:
-            if chunk.version <= self.version:
-                raise PushRejected("stale_version", f"version {chunk.version} is not newer than {self.version}")
-            return chunk.version
-        if chunk.version != version:
-            raise PushRejected("stale_version", f"version changed mid-push from {version} to {chunk.version}")
+            if header.version <= self.version:
+                raise PushRejected("stale_version", f"version {header.version} is not newer than {self.version}")
+            self.incoming_version = header.version
+            return header.version
+        if header.version != version:
+            raise PushRejected("stale_version", f"version changed mid-push from {version} to {header.version}")
         return version
 
-    def _start(self, chunk: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping) -> _Staging:
-        name = chunk.name
+    def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping,
+               worker: ThreadPoolExecutor) -> _Staging:
+        name = header.name
         if name not in live:
             raise PushRejected("unknown_tensor", f"`{name}` is not a tensor of this model")
         if name in staged:
             raise PushRejected("duplicate_tensor", f"`{name}` was sent twice in one push")
         target = live[name]
-        if tuple(chunk.shape) != tuple(target.shape):
-            raise PushRejected("shape_mismatch", f"`{name}`: pushed {list(chunk.shape)}, live {list(target.shape)}")
-        wire = _FROM_WIRE.get(chunk.dtype)
+        if tuple(header.shape) != tuple(target.shape):
+            raise PushRejected("shape_mismatch", f"`{name}`: pushed {list(header.shape)}, live {list(target.shape)}")
+        wire = _FROM_WIRE.get(header.dtype)
         castable = wire is not None and wire.is_floating_point and target.dtype.is_floating_point
         if wire != target.dtype and not castable:
-            raise PushRejected("dtype_mismatch", f"`{name}`: pushed {pb.DType.Name(chunk.dtype)}, live {target.dtype}")
-        return _Staging(chunk, target)
+            raise PushRejected("dtype_mismatch", f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
+        nbytes = target.numel() * wire.itemsize
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() != nbytes:
+            buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
+        return _Staging(header, buffer, worker)
 
-    def _commit(self, chunk: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int) -> PushResult:
-        if chunk.tensor_count != len(staged):
-            raise PushRejected("tensor_count", f"commit says {chunk.tensor_count} tensors, received {len(staged)}")
+    def _commit(self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int) -> PushResult:
+        if header.tensor_count != len(staged):
+            raise PushRejected("tensor_count", f"commit says {header.tensor_count} tensors, received {len(staged)}")
         missing = set(live) - set(staged)
-        if missing and not chunk.partial:
+        if missing and not header.partial:
             raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{min(missing)}`); "
                                                   "mark the commit partial to update only some")
         start = time.perf_counter()
         self.target.apply(staged)
-        self.version, self.updated_at = chunk.version, time.time()
-        return PushResult(chunk.version, len(staged), received, time.perf_counter() - start)
+        self.version, self.updated_at = header.version, time.time()
+        return PushResult(header.version, len(staged), received, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -299,7 +403,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
     def __init__(self, receiver: WeightReceiver):
         self.receiver = receiver
 
-    def PushWeights(self, request_iterator: Iterator[pb.WeightChunk], context: grpc.ServicerContext) -> pb.PushReply:
+    def PushWeights(self, request_iterator: Iterator[tuple[pb.WeightChunk, memoryview]],
+                    context: grpc.ServicerContext) -> pb.PushReply:
         try:
             result = self.receiver.receive(request_iterator)
         except PushRejected as err:
@@ -355,12 +460,29 @@ def serve(
     interceptors = [TokenAuthInterceptor(token)] if token else []
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
                          options=GRPC_OPTIONS)
-    pb_grpc.add_WeightSyncServicer_to_server(WeightSyncServicer(receiver), server)
+    add_to_server(WeightSyncServicer(receiver), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind WeightSync to {host}:{port}")
     server.start()
     return server, bound
+
+
+def add_to_server(servicer: pb_grpc.WeightSyncServicer, server: grpc.Server) -> None:
+    """Register `servicer` like the generated `add_WeightSyncServicer_to_server`, except that PushWeights
+    decodes with `decode_chunk`, so its request iterator yields (header, data view) pairs: no copy of the
+    tensor bytes through protobuf objects."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {
+        "PushWeights": grpc.stream_unary_rpc_method_handler(
+            servicer.PushWeights, request_deserializer=decode_chunk,
+            response_serializer=pb.PushReply.SerializeToString),
+        "GetStatus": grpc.unary_unary_rpc_method_handler(
+            servicer.GetStatus, request_deserializer=pb.GetStatusRequest.FromString,
+            response_serializer=pb.GetStatusReply.SerializeToString),
+    }),))
+
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["WeightSync"].full_name
 
 
 def _is_loopback(host: str) -> bool:
@@ -448,11 +570,12 @@ class WeightPusher:
         self.close()
 
     def _push_one(self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool) -> PushOutcome:
-        stub = pb_grpc.WeightSyncStub(self._channel(target.address))
+        push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
+            f"/{_SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
         try:
-            reply = stub.PushWeights(chunks(tensors, version, self.chunk_bytes, partial),
-                                     timeout=self.timeout_s, metadata=self._metadata)
+            reply = push_weights(_ahead(encoded_chunks(tensors, version, self.chunk_bytes, partial)),
+                                 timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
             status = "unreachable" if code in _UNREACHABLE else "rejected"
@@ -464,3 +587,45 @@ class WeightPusher:
             if address not in self._channels:
                 self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
             return self._channels[address]
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+
+def _ahead(items: Iterator, depth: int = 4) -> Iterator:
+    """Yield `items`, produced by a background thread up to `depth` ahead, so checksumming and copying the
+    next chunk overlap with gRPC sending this one. Stops the thread when the consumer stops early."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as err:  # handed to the consumer, raised there
+            put(_Failed(err))
+
+    threading.Thread(target=fill, name="weight-push-encode", daemon=True).start()
+    try:
+        while (item := ready.get()) is not _END:
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
