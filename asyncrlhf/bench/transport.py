@@ -1,0 +1,197 @@
+"""`asyncrlhf bench transport [--json]`: our transport against the bare loop, side by side, on loopback.
+
+1. Groups/s through producer -> consumer group -> ack, with realistic RolloutGroups (k=4 samples of 64
+   tokens and their log-probs), against the same loop in bare redis-py (XADD / XREADGROUP / XACK, the same
+   protobuf encode and decode). Ours also de-duplicates, deletes acked entries, and checks re-claims.
+   Target: ours >= 0.7x bare.
+2. Weight push GB/s of a 100M-parameter fp32 state dict to one WeightSync receiver (cast, checksum, stage,
+   verify, apply), against bare gRPC client-streaming of the same bytes in chunks of the same size.
+   Target: ours >= 0.8x bare.
+
+Each pair runs in the same process, alternating, best of `--repeats`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping, Sequence
+
+import grpc
+import redis
+import torch
+
+from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.config import RedisConfig
+from asyncrlhf.redis_server import EmbeddedRedis
+from asyncrlhf.streams import ROLLOUTS, RunStreams, connect
+from asyncrlhf.weights import GRPC_OPTIONS, PushTarget, WeightPusher, WeightReceiver, serve
+
+K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
+
+
+def rollout_group(i: int) -> RolloutGroup:
+    prompt = PromptGroup(group_id=f"g{i:08d}", prompt="Write a cheerful review of the movie.",
+                         prompt_token_ids=list(range(PROMPT_TOKENS)), k=K, enqueued_at=time.time())
+    samples = [Sample(completion_token_ids=[(i + j + t) % 50_000 for t in range(COMPLETION_TOKENS)],
+                      logprobs=[-0.5 - 0.01 * t for t in range(COMPLETION_TOKENS)], finish_reason=FINISH_REASON_STOP,
+                      text="a generated completion of about sixty-four tokens " * 6) for j in range(K)]
+    return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=3,
+                        generator_id="gen-0", generated_at=time.time())
+
+
+def ours_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch: int, run: str) -> float:
+    streams = RunStreams(client, run, RedisConfig(block_ms=1))
+    producer, consumer = streams.producer(ROLLOUTS), streams.consumer(ROLLOUTS, "reward", "r0")
+    start = time.perf_counter()
+    for i in range(0, len(groups), batch):
+        producer.add_many(groups[i:i + batch])
+        got = consumer.read(batch)
+        consumer.ack(got)
+    elapsed = time.perf_counter() - start
+    assert consumer.seen(groups[-1].group_id), "benchmark loop lost a group"
+    return len(groups) / elapsed
+
+
+def bare_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch: int, run: str) -> float:
+    key, group = f"bench:{run}:bare", "reward"
+    client.xgroup_create(key, group, id="0", mkstream=True)
+    start = time.perf_counter()
+    for i in range(0, len(groups), batch):
+        pipe = client.pipeline(transaction=False)
+        for g in groups[i:i + batch]:
+            pipe.xadd(key, {"id": g.group_id, "pb": g.SerializeToString()}, maxlen=100_000, approximate=True)
+        pipe.execute()
+        res = client.xreadgroup(group, "r0", {key: ">"}, count=batch)
+        entries = res[0][1]
+        for _, fields in entries:
+            RolloutGroup.FromString(fields[b"pb"])
+        client.xack(key, group, *[eid for eid, _ in entries])
+    elapsed = time.perf_counter() - start
+    client.delete(key)
+    return len(groups) / elapsed
+
+
+class _Tensors:
+    """A WeightTarget over plain tensors (the bench has no model)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]):
+        self.tensors = dict(tensors)
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self.tensors
+
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        for name, value in tensors.items():
+            self.tensors[name].copy_(value)
+
+
+def state_dict(params: int, tensor_params: int = 4 << 20) -> dict[str, torch.Tensor]:
+    n = max(1, math.ceil(params / tensor_params))
+    return {f"layers.{i}.weight": torch.randn(tensor_params // 2048, 2048) for i in range(n)}
+
+
+def ours_push_gbps(pusher: WeightPusher, state: Mapping[str, torch.Tensor], address: str, version: int) -> float:
+    start = time.perf_counter()
+    (outcome,) = pusher.push(state, version, [PushTarget("bench", address)])
+    elapsed = time.perf_counter() - start
+    if outcome.status != "ok":
+        raise RuntimeError(f"bench push failed: {outcome}")
+    return outcome.bytes / elapsed / 1e9
+
+
+_BARE_METHOD = "/bench.Bytes/Stream"
+
+
+def _bare_server() -> tuple[grpc.Server, int]:
+    def stream(request_iterator, context):
+        return sum(len(chunk) for chunk in request_iterator).to_bytes(8, "little")
+
+    handler = grpc.method_handlers_generic_handler("bench.Bytes", {
+        "Stream": grpc.stream_unary_rpc_method_handler(stream),  # bytes in, bytes out: no (de)serializers
+    })
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+def bare_grpc_gbps(channel: grpc.Channel, total_bytes: int, chunk_bytes: int) -> float:
+    call = channel.stream_unary(_BARE_METHOD)
+    chunk = bytes(chunk_bytes)
+    n_full, rest = divmod(total_bytes, chunk_bytes)
+
+    def chunks():
+        for _ in range(n_full):
+            yield chunk
+        if rest:
+            yield chunk[:rest]
+
+    start = time.perf_counter()
+    got = int.from_bytes(call(chunks(), timeout=600), "little")
+    elapsed = time.perf_counter() - start
+    assert got == total_bytes
+    return total_bytes / elapsed / 1e9
+
+
+def bench_streams(groups: int, batch: int, repeats: int) -> tuple[float, float]:
+    data = [rollout_group(i) for i in range(groups)]
+    ours, bare = [], []
+    with EmbeddedRedis() as server:
+        client = connect(RedisConfig(), server.url)
+        for r in range(repeats):
+            bare.append(bare_groups_per_s(client, data, batch, f"bench{r}"))
+            ours.append(ours_groups_per_s(client, data, batch, f"bench{r}"))
+    return max(ours), max(bare)
+
+
+def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float]:
+    state = state_dict(params)
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    receiver = WeightReceiver(_Tensors({k: torch.zeros_like(v) for k, v in state.items()}))
+    server, port = serve(receiver, token="bench")
+    bare_server, bare_port = _bare_server()
+    ours, bare = [], []
+    try:
+        with WeightPusher("bench", chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600) as pusher, \
+                grpc.insecure_channel(f"127.0.0.1:{bare_port}", options=GRPC_OPTIONS) as channel:
+            for r in range(repeats):
+                bare.append(bare_grpc_gbps(channel, total, chunk_bytes))
+                ours.append(ours_push_gbps(pusher, state, f"127.0.0.1:{port}", version=r + 1))
+    finally:
+        server.stop(0)
+        bare_server.stop(0)
+    return max(ours), max(bare)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrlhf bench transport", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--groups", type=int, default=5000, help="rollout groups per streams run")
+    parser.add_argument("--batch", type=int, default=32, help="groups per XADD pipeline / read / ack")
+    parser.add_argument("--params", type=int, default=100_000_000, help="parameters in the pushed state dict")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20, help="WeightChunk size (and bare chunk size)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; the best is reported")
+    args = parser.parse_args(argv)
+
+    groups_per_s, bare_groups = bench_streams(args.groups, args.batch, args.repeats)
+    push_gbps, bare_gbps = bench_push(args.params, args.chunk_bytes, args.repeats)
+    result = {"groups_per_s": groups_per_s, "bare_groups_per_s": bare_groups,
+              "push_gbps": push_gbps, "bare_grpc_gbps": bare_gbps}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"streams   ours {groups_per_s:10.0f} groups/s   bare redis-py {bare_groups:10.0f} groups/s   "
+          f"ratio {groups_per_s / bare_groups:.2f} (target >= 0.70)")
+    print(f"weights   ours {push_gbps:10.2f} GB/s       bare gRPC     {bare_gbps:10.2f} GB/s       "
+          f"ratio {push_gbps / bare_gbps:.2f} (target >= 0.80)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
