@@ -1,0 +1,51 @@
+"""WeightSync into a generator in this process: a push lands between batches and replies once applied."""
+
+import threading
+
+import pytest
+import torch
+
+from asyncrlhf.config import load_config
+from asyncrlhf.models import load_policy, load_tokenizer
+from asyncrlhf.weights import PushTarget, WeightPusher
+from services.generator.backends.hf import HFBackend
+from services.generator.gate import BackendGate
+from services.generator.metrics import GeneratorMetrics
+from services.generator.server import WeightSwap, start_weight_sync
+from tests.unit.generator.peaked import perturbed_state_dict
+
+pytestmark = pytest.mark.integration
+WAIT_S = 60
+
+
+def test_a_push_waits_for_the_batch_in_progress_and_replies_once_applied():
+    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu"])
+    backend = HFBackend.from_config(cfg, load_tokenizer(cfg.model))
+    gate, metrics = BackendGate(), GeneratorMetrics("gen-t")
+    swap = WeightSwap(backend, gate, metrics)
+    server = start_weight_sync(cfg, swap)
+    new = perturbed_state_dict(load_policy(cfg.model), seed=9)
+    target = [PushTarget("gen-t", server.address)]
+    outcomes: list = []
+    try:
+        with WeightPusher(timeout_s=WAIT_S) as pusher:
+            with gate.generating():  # a batch is running
+                pusher_thread = threading.Thread(target=lambda: outcomes.extend(pusher.push(new, 1, target)))
+                pusher_thread.start()
+                for _ in range(WAIT_S * 100):
+                    if gate.swaps_waiting == 1:
+                        break
+                    threading.Event().wait(0.01)
+                assert gate.swaps_waiting == 1, "the push never reached the swap"
+                assert backend.version == 0 and outcomes == [] and not swap.arrived.is_set()
+            pusher_thread.join(WAIT_S)
+            assert [o.status for o in outcomes] == ["ok"] and outcomes[0].version == 1
+            assert backend.version == 1 and swap.arrived.is_set()
+            live = backend.named_tensors()
+            assert all(torch.equal(live[name], tensor) for name, tensor in new.items())
+
+            (stale,) = pusher.push(new, 1, target)
+            assert (stale.status, stale.code) == ("rejected", "FAILED_PRECONDITION") and backend.version == 1
+        assert metrics.registry.get_sample_value("asyncrlhf_generator_weight_updates_total") == 1
+    finally:
+        server.stop()
