@@ -1,0 +1,74 @@
+"""A stand-in for generator + reward in learner tests: a real WeightSync receiver (the learner pushes to it
+over gRPC and it heart-beats in the registry), and a thread that turns each prompt into a scored group
+tagged with the version it holds. Completions are a deterministic function of the group id, so the same
+groups can be rebuilt to feed the synchronous path."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import redis
+import torch
+
+from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.config import Config
+from asyncrlhf.models import load_policy
+from asyncrlhf.registry import Heartbeat, Registry
+from asyncrlhf.streams import PROMPTS, SCORED, RunStreams
+from asyncrlhf.weights import ModuleTarget, WeightReceiver, serve
+
+
+def scored_group(prompt: PromptGroup, version: int) -> RolloutGroup:
+    seed = int(hashlib.sha256(prompt.group_id.encode()).hexdigest(), 16) % (2**31)
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for j in range(prompt.k):
+        length = int(torch.randint(2, 6, (1,), generator=g))
+        ids = torch.randint(3, 259, (length,), generator=g).tolist()
+        reward = float(torch.rand((), generator=g))
+        samples.append(Sample(completion_token_ids=ids, logprobs=[-2.0] * length, finish_reason=FINISH_REASON_STOP,
+                              reward=reward))
+    return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=version,
+                        generator_id="actor", generated_at=time.time())
+
+
+class Actor:
+    def __init__(self, cfg: Config, redis_url: str, *, version_offset=lambda group_id: 0):
+        self.cfg = cfg
+        self.client = redis.Redis.from_url(redis_url)
+        self.streams = RunStreams(self.client, cfg.run.name, cfg.redis)
+        self.model = load_policy(cfg.model, lora=cfg.learner.lora)
+        names = [n for n in self.model.state_dict() if "lora_" in n] if cfg.learner.lora.enabled else None
+        self.receiver = WeightReceiver(ModuleTarget(self.model, names))
+        self.server, port = serve(self.receiver, "127.0.0.1", 0)
+        self.heartbeat = Heartbeat(Registry(self.client, cfg.run.name, ttl_s=5), "actor", f"127.0.0.1:{port}",
+                                   lambda: self.receiver.version, period_s=0.2).start()
+        self.version_offset = version_offset
+        self.produced: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Actor":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        consumer = self.streams.consumer(PROMPTS, "generators", "actor")
+        out = self.streams.producer(SCORED)
+        while not self.stop.is_set():
+            if self.receiver.version < 1:  # no weights yet: generate nothing
+                time.sleep(0.02)
+                continue
+            deliveries = consumer.read(8, block_ms=50)
+            version = self.receiver.version
+            groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity))) for d in deliveries]
+            consumer.ack(deliveries, groups, to=out)
+            self.produced += [d.identity for d in deliveries]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.heartbeat.stop()
+        self.server.stop(0)
