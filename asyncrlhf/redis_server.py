@@ -164,7 +164,8 @@ class EmbeddedRedis:
             except redis.BusyLoadingError:  # replaying a large AOF
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"redis-server did not answer PING within {self.startup_timeout_s}s: {self._log_tail()}")
+        raise RuntimeError(
+            f"redis-server did not answer PING within {self.startup_timeout_s}s: {self._log_tail()}")
 
     def _client(self) -> redis.Redis:
         return redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=2,

@@ -1,6 +1,7 @@
 """Redis Streams transport: typed producers and consumer groups for the streams of DESIGN.md "Data flow".
 
-    learner --PromptGroup--> prompts --> generators --RolloutGroup--> rollouts --> reward --RolloutGroup--> scored
+    learner --PromptGroup--> prompts --> generators --RolloutGroup--> rollouts
+            --> reward --RolloutGroup (scored)--> scored --> learner
     learner --Event--> events --> evaluator, audit;    anything undecodable or failing --> dead_letter
 
 An entry is two fields: `id` (the message's identity, e.g. its group id) and `pb` (the serialized protobuf).
@@ -231,7 +232,7 @@ class Consumer(Generic[M]):
                 raise
 
     def read(self, count: int, block_ms: int | None = None) -> list[Delivery[M]]:
-        """Up to `count` deliveries: entries re-claimed from stalled consumers first, then new ones, waiting up
+        """Up to `count` deliveries: entries re-claimed from stalled consumers first, then new ones, waiting
         to `block_ms` (default `redis.block_ms`) when there are none. Undecodable entries, and entries
         delivered too often, go to the dead-letter stream; identities already seen are acked and skipped."""
         try:
@@ -239,7 +240,8 @@ class Consumer(Generic[M]):
         except redis.ResponseError as err:
             if "NOGROUP" not in str(err):
                 raise
-            log.warning("consumer group %s on %s is gone (Redis restarted empty?); re-creating it", self.group, self.key)
+            log.warning("consumer group %s on %s is gone (Redis restarted empty?); re-creating it",
+                        self.group, self.key)
             self.ensure_group()
             return []
 
@@ -256,7 +258,8 @@ class Consumer(Generic[M]):
             return 0
         if outputs is not None and (to is None or len(outputs) != len(deliveries)):
             raise ValueError("ack: outputs need a producer `to` and one entry (or None) per delivery")
-        args: list = [self.group, time.time(), to.maxlen if to else self.maxlen, self._delete, len(deliveries)]
+        maxlen = to.maxlen if to else self.maxlen
+        args: list = [self.group, time.time(), maxlen, self._delete, len(deliveries)]
         for i, delivery in enumerate(deliveries):
             out = outputs[i] if outputs is not None else None
             if out is None:
@@ -273,11 +276,10 @@ class Consumer(Generic[M]):
         """Processing `delivery` failed. After `max_deliveries` attempts it is dead-lettered with `reason`;
         before that it stays pending and is re-claimed (by any live consumer) after `claim_idle_ms`."""
         if delivery.deliveries >= self.max_deliveries:
-            self._dead_letter(delivery.entry_id, delivery.identity, delivery.message.SerializeToString(),
-                              f"failed {delivery.deliveries} times; last error: {reason}", delivery.deliveries)
+            self.dead_letter(delivery, f"failed {delivery.deliveries} times; last error: {reason}")
 
     def dead_letter(self, delivery: Delivery[M], reason: str) -> None:
-        """Send `delivery` to the dead-letter stream now (it can never succeed, e.g. it is malformed) and ack it."""
+        """Dead-letter `delivery` now, with `reason`, and ack it (it can never succeed, e.g. malformed)."""
         self._dead_letter(delivery.entry_id, delivery.identity, delivery.message.SerializeToString(), reason,
                           delivery.deliveries)
 
@@ -350,7 +352,8 @@ class Consumer(Generic[M]):
             payload = fields.get(PAYLOAD_FIELD)
             if times > self.max_deliveries:
                 self._dead_letter(eid, ident, payload or b"",
-                                  f"delivered {times} times without an ack (max_deliveries={self.max_deliveries})",
+                                  f"delivered {times} times without an ack "
+                                  f"(max_deliveries={self.max_deliveries})",
                                   times)
                 continue
             message = self._decode(eid, ident, payload, times)
@@ -366,7 +369,8 @@ class Consumer(Generic[M]):
         try:
             message.ParseFromString(payload)
         except (DecodeError, RuntimeError) as err:
-            self._dead_letter(eid, ident, payload, f"cannot decode {self.spec.message_type.__name__}: {err}", times)
+            reason = f"cannot decode {self.spec.message_type.__name__}: {err}"
+            self._dead_letter(eid, ident, payload, reason, times)
             return None
         return message
 
@@ -491,7 +495,8 @@ class RunStreams:
     def consumer(self, spec: StreamSpec[M], group: str, consumer: str) -> Consumer[M]:
         return Consumer(
             self.client, self.key(spec.name), spec, group, consumer,
-            dead_letter_key=self.key(DEAD_LETTER), seen_key=self.key(f"seen:{spec.name}:{group}"), cfg=self.cfg,
+            dead_letter_key=self.key(DEAD_LETTER), seen_key=self.key(f"seen:{spec.name}:{group}"),
+            cfg=self.cfg,
         )
 
     def credits(self, limit: int) -> PromptCredits:
@@ -502,7 +507,8 @@ class RunStreams:
 
     def dead_letters(self, count: int = 100) -> list[DeadLetter]:
         """The oldest `count` dead-lettered entries of the run."""
-        return [_dead_letter_from(eid, f) for eid, f in self.client.xrange(self.key(DEAD_LETTER), count=count)]
+        entries = self.client.xrange(self.key(DEAD_LETTER), count=count)
+        return [_dead_letter_from(eid, fields) for eid, fields in entries]
 
 
 def _dead_letter_from(eid: bytes, f: dict[bytes, bytes]) -> DeadLetter:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import collections
 import hmac
-import queue
 import ipaddress
+import queue
 import threading
 import time
 import zlib
@@ -54,7 +54,9 @@ _TO_WIRE: dict[torch.dtype, int] = {
     torch.bool: pb.DTYPE_BOOL,
 }
 _FROM_WIRE: dict[int, torch.dtype] = {v: k for k, v in _TO_WIRE.items()}
-PUSH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PUSH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -79,11 +81,15 @@ def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) ->
         t = t.to(cast)
     t = t.to("cpu").contiguous()
     if t.dtype not in _TO_WIRE:
-        raise ValueError(f"cannot push tensor `{name}` of dtype {t.dtype}; supported: {sorted(map(str, _TO_WIRE))}")
-    return WireTensor(name, _TO_WIRE[t.dtype], tuple(t.shape), memoryview(t.reshape(-1).view(torch.uint8).numpy()), t)
+        supported = sorted(map(str, _TO_WIRE))
+        raise ValueError(f"cannot push tensor `{name}` of dtype {t.dtype}; supported: {supported}")
+    data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return WireTensor(name, _TO_WIRE[t.dtype], tuple(t.shape), data, t)
 
 
-def prepare(state_dict: Mapping[str, torch.Tensor], dtype: str | torch.dtype | None = None) -> list[WireTensor]:
+def prepare(
+    state_dict: Mapping[str, torch.Tensor], dtype: str | torch.dtype | None = None
+) -> list[WireTensor]:
     """Every tensor of `state_dict` ready to send, floating ones cast to `dtype` ("bfloat16", ...)."""
     cast = PUSH_DTYPES[dtype] if isinstance(dtype, str) else dtype
     return [to_wire(name, tensor, cast) for name, tensor in state_dict.items()]
@@ -94,7 +100,9 @@ def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return {name: t for name, t in state_dict.items() if "lora_" in name}
 
 
-def encoded_chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False) -> Iterator[bytes]:
+def encoded_chunks(
+    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False
+) -> Iterator[bytes]:
     """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its CRC-32 on the last),
     then the commit message."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
@@ -108,10 +116,13 @@ def encoded_chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int
             header = pb.WeightChunk(version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
                                     checksum=crc if last else 0)
             yield encode_chunk(header, data)
-    yield pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial).SerializeToString()
+    commit = pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial)
+    yield commit.SerializeToString()
 
 
-def chunks(tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False) -> Iterator[pb.WeightChunk]:
+def chunks(
+    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False
+) -> Iterator[pb.WeightChunk]:
     """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
     return (pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors, version, chunk_bytes, partial))
 
@@ -263,8 +274,8 @@ class _Staging:
     def add(self, header: pb.WeightChunk, data: memoryview) -> None:
         end = self.filled + len(data)
         if header.offset != self.filled or end > self.nbytes:
-            raise PushRejected("bad_offset", f"`{self.name}`: chunk at byte {header.offset} (+{len(data)}) after "
-                                             f"{self.filled} of {self.nbytes} bytes; chunks must be in order")
+            where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
+            raise PushRejected("bad_offset", f"`{self.name}`: {where}; send chunks in order")
         self._queued.append(self._worker.submit(self._copy, self.filled, data))
         if len(self._queued) > self.MAX_QUEUED:
             self._queued.popleft().result()
@@ -282,7 +293,8 @@ class _Staging:
         if self.filled != self.nbytes or self.checksum is None:
             raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
         if self.crc != self.checksum:
-            raise PushRejected("bad_checksum", f"`{self.name}`: CRC-32 {self.crc:#010x}, expected {self.checksum:#010x}")
+            raise PushRejected("bad_checksum",
+                               f"`{self.name}`: CRC-32 {self.crc:#010x}, expected {self.checksum:#010x}")
         return self.buffer.view(self.dtype).reshape(self.shape)
 
 
@@ -314,7 +326,9 @@ class WeightReceiver:
             finally:
                 self.incoming_version = None
 
-    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]], worker: ThreadPoolExecutor) -> PushResult:
+    def _receive(
+        self, messages: Iterable[tuple[pb.WeightChunk, memoryview]], worker: ThreadPoolExecutor
+    ) -> PushResult:
         live = self.target.named_tensors()
         staged: dict[str, torch.Tensor] = {}
         current: _Staging | None = None
@@ -338,11 +352,13 @@ class WeightReceiver:
     def _check_version(self, header: pb.WeightChunk, version: int | None) -> int:
         if version is None:
             if header.version <= self.version:
-                raise PushRejected("stale_version", f"version {header.version} is not newer than {self.version}")
+                raise PushRejected("stale_version",
+                                   f"version {header.version} is not newer than {self.version}")
             self.incoming_version = header.version
             return header.version
         if header.version != version:
-            raise PushRejected("stale_version", f"version changed mid-push from {version} to {header.version}")
+            raise PushRejected("stale_version",
+                               f"version changed mid-push from {version} to {header.version}")
         return version
 
     def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping,
@@ -354,23 +370,29 @@ class WeightReceiver:
             raise PushRejected("duplicate_tensor", f"`{name}` was sent twice in one push")
         target = live[name]
         if tuple(header.shape) != tuple(target.shape):
-            raise PushRejected("shape_mismatch", f"`{name}`: pushed {list(header.shape)}, live {list(target.shape)}")
+            raise PushRejected("shape_mismatch",
+                               f"`{name}`: pushed {list(header.shape)}, live {list(target.shape)}")
         wire = _FROM_WIRE.get(header.dtype)
         castable = wire is not None and wire.is_floating_point and target.dtype.is_floating_point
         if wire != target.dtype and not castable:
-            raise PushRejected("dtype_mismatch", f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
+            raise PushRejected("dtype_mismatch",
+                               f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
         nbytes = target.numel() * wire.itemsize
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() != nbytes:
             buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
         return _Staging(header, buffer, worker)
 
-    def _commit(self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int) -> PushResult:
+    def _commit(
+        self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int
+    ) -> PushResult:
         if header.tensor_count != len(staged):
-            raise PushRejected("tensor_count", f"commit says {header.tensor_count} tensors, received {len(staged)}")
+            raise PushRejected("tensor_count",
+                               f"commit says {header.tensor_count} tensors, received {len(staged)}")
         missing = set(live) - set(staged)
         if missing and not header.partial:
-            raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{min(missing)}`); "
+            example = min(missing)
+            raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{example}`); "
                                                   "mark the commit partial to update only some")
         start = time.perf_counter()
         self.target.apply(staged)
@@ -569,7 +591,9 @@ class WeightPusher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _push_one(self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool) -> PushOutcome:
+    def _push_one(
+        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool
+    ) -> PushOutcome:
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{_SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
@@ -579,7 +603,8 @@ class WeightPusher:
         except grpc.RpcError as err:
             code = err.code()
             status = "unreachable" if code in _UNREACHABLE else "rejected"
-            return PushOutcome(target, status, code.name, err.details() or "", 0, time.perf_counter() - start, 0)
+            seconds = time.perf_counter() - start
+            return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
 
     def _channel(self, address: str) -> grpc.Channel:

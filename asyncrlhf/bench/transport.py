@@ -38,7 +38,8 @@ def rollout_group(i: int) -> RolloutGroup:
     prompt = PromptGroup(group_id=f"g{i:08d}", prompt="Write a cheerful review of the movie.",
                          prompt_token_ids=list(range(PROMPT_TOKENS)), k=K, enqueued_at=time.time())
     samples = [Sample(completion_token_ids=[(i + j + t) % 50_000 for t in range(COMPLETION_TOKENS)],
-                      logprobs=[-0.5 - 0.01 * t for t in range(COMPLETION_TOKENS)], finish_reason=FINISH_REASON_STOP,
+                      logprobs=[-0.5 - 0.01 * t for t in range(COMPLETION_TOKENS)],
+                      finish_reason=FINISH_REASON_STOP,
                       text="a generated completion of about sixty-four tokens " * 6) for j in range(K)]
     return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=3,
                         generator_id="gen-0", generated_at=time.time())
@@ -95,7 +96,9 @@ def state_dict(params: int, tensor_params: int = 4 << 20) -> dict[str, torch.Ten
     return {f"layers.{i}.weight": torch.randn(tensor_params // 2048, 2048) for i in range(n)}
 
 
-def ours_push_gbps(pusher: WeightPusher, state: Mapping[str, torch.Tensor], address: str, version: int) -> float:
+def ours_push_gbps(
+    pusher: WeightPusher, state: Mapping[str, torch.Tensor], address: str, version: int
+) -> float:
     start = time.perf_counter()
     (outcome,) = pusher.push(state, version, [PushTarget("bench", address)])
     elapsed = time.perf_counter() - start
@@ -175,7 +178,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--groups", type=int, default=5000, help="rollout groups per streams run")
     parser.add_argument("--batch", type=int, default=32, help="groups per XADD pipeline / read / ack")
     parser.add_argument("--params", type=int, default=100_000_000, help="parameters in the pushed state dict")
-    parser.add_argument("--chunk-bytes", type=int, default=4 << 20, help="WeightChunk size (and bare chunk size)")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20,
+                        help="WeightChunk size (and the bare chunk size)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side; the best is reported")
     args = parser.parse_args(argv)
 

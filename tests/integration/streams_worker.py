@@ -38,7 +38,8 @@ def main() -> None:
             streams.client.set(streams.key(f"stalled:{args.consumer}"), len(batch))
             time.sleep(3600)
         time.sleep(0.01)  # "generation"
-        outputs = [RolloutGroup(group_id=d.identity, prompt=d.message, generator_id=args.consumer) for d in batch]
+        outputs = [RolloutGroup(group_id=d.identity, prompt=d.message, generator_id=args.consumer)
+                   for d in batch]
         consumer.ack(batch, outputs, rollouts)
 
 

@@ -232,3 +232,14 @@ def test_consumer_recreates_its_group_after_redis_lost_everything():
         assert consumer.read(1, block_ms=0) == []
         streams.producer(PROMPTS).add(prompts(1)[0])
         assert [d.identity for d in consumer.read(1)] == ["g0000"]
+
+
+def test_dead_letter_now_acks_and_records_the_payload(streams):
+    streams.producer(PROMPTS).add(prompts(1)[0])
+    consumer = streams.consumer(PROMPTS, "generators", "c0")
+    (delivery,) = consumer.read(1)
+    consumer.dead_letter(delivery, "prompt is empty after truncation")
+    (dead,) = streams.dead_letters()
+    assert dead.reason == "prompt is empty after truncation"
+    assert PromptGroup.FromString(dead.payload) == delivery.message
+    assert streams.stats(PROMPTS, "generators").pending == 0

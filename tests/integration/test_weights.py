@@ -1,4 +1,4 @@
-"""Weight sync over real gRPC: bit-exact round trips, every rejection leaves the old weights served, fan-out."""
+"""Weight sync over real gRPC: bit-exact round trips; every rejection keeps the old weights; fan-out."""
 
 from __future__ import annotations
 
@@ -117,7 +117,10 @@ def test_push_waits_for_the_generation_batch(generator, learner):
     generator.target.lock.acquire()
     results = []
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        thread = threading.Thread(target=lambda: results.append(push(pusher, learner.state_dict(), 1, generator)))
+        def push_v1():
+            results.append(push(pusher, learner.state_dict(), 1, generator))
+
+        thread = threading.Thread(target=push_v1)
         thread.start()
         time.sleep(0.5)
         assert not results and not same(snapshot(generator.model), snapshot(learner))
@@ -217,17 +220,19 @@ def served_v1(generator, learner):
     return snapshot(generator.model)
 
 
-@pytest.mark.parametrize("tamper, code, reason", REJECTIONS, ids=[r[2] + ":" + r[0].__name__ for r in REJECTIONS])
+@pytest.mark.parametrize("tamper, code, reason", REJECTIONS,
+                         ids=[f"{reason}:{tamper.__name__}" for tamper, _, reason in REJECTIONS])
 def test_rejected_push_keeps_serving_the_old_version(generator, served_v1, tamper, code, reason):
     new = tiny_model(seed=7)  # different weights, so a partial apply would show
     messages = tamper(good_stream(new))
     stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address))
+    auth = (("authorization", f"Bearer {TOKEN}"),)
     with pytest.raises(grpc.RpcError) as err:
-        stub.PushWeights(iter(messages), timeout=30, metadata=(("authorization", f"Bearer {TOKEN}"),))
+        stub.PushWeights(iter(messages), timeout=30, metadata=auth)
     assert err.value.code() == code
     assert err.value.details().startswith(reason), err.value.details()
     assert same(snapshot(generator.model), served_v1)
-    assert stub.GetStatus(pb.GetStatusRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),)).version == 1
+    assert stub.GetStatus(pb.GetStatusRequest(), metadata=auth).version == 1
 
 
 @pytest.mark.parametrize("token", [None, "wrong"], ids=["missing_token", "wrong_token"])

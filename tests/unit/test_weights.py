@@ -29,7 +29,8 @@ def test_encoded_chunk_is_a_standard_weight_chunk():
 
 def test_decode_reads_data_wherever_it_is_and_leaves_it_out_of_the_header():
     # protobuf fields may come in any order: put `data` first, as another client might
-    raw = pb.WeightChunk(data=b"xyz").SerializeToString() + pb.WeightChunk(version=5, name="w").SerializeToString()
+    data_first = pb.WeightChunk(data=b"xyz").SerializeToString()
+    raw = data_first + pb.WeightChunk(version=5, name="w").SerializeToString()
     header, data = decode_chunk(raw)
     assert bytes(data) == b"xyz"
     assert (header.version, header.name, header.data) == (5, "w", b"")
@@ -64,7 +65,8 @@ def test_prepare_refuses_an_unsupported_dtype():
 
 
 def test_adapter_tensors_keeps_only_lora_weights():
-    state = {"q.weight": torch.zeros(1), "q.lora_A.default.weight": torch.zeros(1), "q.lora_B.default.weight": torch.zeros(1)}
+    names = ["q.weight", "q.lora_A.default.weight", "q.lora_B.default.weight"]
+    state = {name: torch.zeros(1) for name in names}
     assert list(adapter_tensors(state)) == ["q.lora_A.default.weight", "q.lora_B.default.weight"]
 
 
