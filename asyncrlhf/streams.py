@@ -174,20 +174,25 @@ return {kept, skipped}
 """
 
 # Mark identities seen, emit outputs for identities not seen before, ack (and delete) the inputs.
-# KEYS: stream, seen, output stream. ARGV: group, now, maxlen, delete_on_ack, n, then n x
-# (entry id, identity, has output, output identity, output payload). Returns the number of outputs emitted.
+# KEYS: stream, seen, output stream. ARGV: group, now, maxlen, delete_on_ack, n, with_outputs, then n x
+# (entry id, identity), then, with outputs, n x (has output, output identity, output payload).
+# Returns the number of outputs emitted.
 _ACK = """
-local n, emitted = tonumber(ARGV[5]), 0
+local n, emitted, ids = tonumber(ARGV[5]), 0, {}
+local outputs = 7 + 2 * n
 for i = 0, n - 1 do
-  local base = 6 + 5 * i
-  local eid, ident = ARGV[base], ARGV[base + 1]
-  local fresh = redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ident) == 1
-  if fresh and ARGV[base + 2] == '1' then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[base + 3], 'pb', ARGV[base + 4])
+  ids[i + 1] = ARGV[7 + 2 * i]
+  local fresh = redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[8 + 2 * i]) == 1
+  local out = outputs + 3 * i
+  if fresh and ARGV[6] == '1' and ARGV[out] == '1' then
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'id', ARGV[out + 1], 'pb', ARGV[out + 2])
     emitted = emitted + 1
   end
-  redis.call('XACK', KEYS[1], ARGV[1], eid)
-  if ARGV[4] == '1' then redis.call('XDEL', KEYS[1], eid) end
+end
+for i = 1, n, 1000 do
+  local slice = {unpack(ids, i, math.min(i + 999, n))}
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(slice))
+  if ARGV[4] == '1' then redis.call('XDEL', KEYS[1], unpack(slice)) end
 end
 return emitted
 """
@@ -259,14 +264,15 @@ class Consumer(Generic[M]):
         if outputs is not None and (to is None or len(outputs) != len(deliveries)):
             raise ValueError("ack: outputs need a producer `to` and one entry (or None) per delivery")
         maxlen = to.maxlen if to else self.maxlen
-        args: list = [self.group, time.time(), maxlen, self._delete, len(deliveries)]
-        for i, delivery in enumerate(deliveries):
-            out = outputs[i] if outputs is not None else None
+        args: list = [self.group, time.time(), maxlen, self._delete, len(deliveries), "0" if outputs is None else "1"]
+        for delivery in deliveries:
+            args += (delivery.entry_id, delivery.identity)
+        for out in outputs or ():
             if out is None:
-                args += [delivery.entry_id, delivery.identity, "0", "", ""]
+                args += ("0", "", "")
             else:
                 fields = to.fields(out)
-                args += [delivery.entry_id, delivery.identity, "1", fields[ID_FIELD], fields[PAYLOAD_FIELD]]
+                args += ("1", fields[ID_FIELD], fields[PAYLOAD_FIELD])
         out_key = to.key if to else self.key
         emitted = self._ack(keys=[self.key, self.seen_key, out_key], args=args)
         self._maybe_prune_seen()

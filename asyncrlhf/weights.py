@@ -19,14 +19,12 @@ before anything live is touched, so the receiver keeps serving its previous vers
 
 from __future__ import annotations
 
-import collections
 import hmac
 import ipaddress
-import queue
 import threading
 import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, Mapping, Protocol, Sequence
 
@@ -260,36 +258,25 @@ def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]
 
 
 class _Staging:
-    """One tensor being received: a byte buffer filled in order with a running checksum. The copy and the
-    checksum run on `worker` (one thread, so in order), overlapping with gRPC receiving the next chunk."""
+    """One tensor being received: a byte buffer filled in order, with a running checksum."""
 
-    MAX_QUEUED = 8  # chunks waiting for the worker; bounds the memory held by received messages
-
-    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
+    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor):
         self.name, self.dtype, self.shape = header.name, _FROM_WIRE[header.dtype], tuple(header.shape)
-        self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
+        self.buffer, self._view = buffer, buffer.numpy()
         self.nbytes, self.filled, self.crc, self.checksum = buffer.numel(), 0, 0, None
-        self._queued: collections.deque[Future] = collections.deque()
 
     def add(self, header: pb.WeightChunk, data: memoryview) -> None:
         end = self.filled + len(data)
         if header.offset != self.filled or end > self.nbytes:
             where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
             raise PushRejected("bad_offset", f"`{self.name}`: {where}; send chunks in order")
-        self._queued.append(self._worker.submit(self._copy, self.filled, data))
-        if len(self._queued) > self.MAX_QUEUED:
-            self._queued.popleft().result()
+        self._view[self.filled:end] = np.frombuffer(data, dtype=np.uint8)
+        self.crc = zlib.crc32(data, self.crc)
         self.filled = end
         if end == self.nbytes:
             self.checksum = header.checksum
 
-    def _copy(self, start: int, data: memoryview) -> None:
-        self._view[start:start + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        self.crc = zlib.crc32(data, self.crc)
-
     def finish(self) -> torch.Tensor:
-        while self._queued:
-            self._queued.popleft().result()
         if self.filled != self.nbytes or self.checksum is None:
             raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
         if self.crc != self.checksum:
@@ -318,17 +305,13 @@ class WeightReceiver:
         """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
         `PushRejected` (old weights intact) or return once the new version is live. While a push is being
         received, `incoming_version` is its version."""
-        # the worker is per push: leaving the `with` waits for its queued copies, so a rejected push never
-        # writes into buffers the next push is using
-        with self._lock, ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage") as worker:
+        with self._lock:
             try:
-                return self._receive(_as_pairs(messages), worker)
+                return self._receive(_as_pairs(messages))
             finally:
                 self.incoming_version = None
 
-    def _receive(
-        self, messages: Iterable[tuple[pb.WeightChunk, memoryview]], worker: ThreadPoolExecutor
-    ) -> PushResult:
+    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]]) -> PushResult:
         live = self.target.named_tensors()
         staged: dict[str, torch.Tensor] = {}
         current: _Staging | None = None
@@ -343,7 +326,7 @@ class WeightReceiver:
             if current is None or header.name != current.name:
                 if current is not None:
                     staged[current.name] = current.finish()
-                current = self._start(header, live, staged, worker)
+                current = self._start(header, live, staged)
             current.add(header, data)
             received += len(data)
         where = f" in `{current.name}`" if current is not None else ""
@@ -361,8 +344,7 @@ class WeightReceiver:
                                f"version changed mid-push from {version} to {header.version}")
         return version
 
-    def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping,
-               worker: ThreadPoolExecutor) -> _Staging:
+    def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping) -> _Staging:
         name = header.name
         if name not in live:
             raise PushRejected("unknown_tensor", f"`{name}` is not a tensor of this model")
@@ -381,7 +363,7 @@ class WeightReceiver:
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() != nbytes:
             buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
-        return _Staging(header, buffer, worker)
+        return _Staging(header, buffer)
 
     def _commit(
         self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int
@@ -598,7 +580,7 @@ class WeightPusher:
             f"/{_SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
         try:
-            reply = push_weights(_ahead(encoded_chunks(tensors, version, self.chunk_bytes, partial)),
+            reply = push_weights(encoded_chunks(tensors, version, self.chunk_bytes, partial),
                                  timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
@@ -613,44 +595,3 @@ class WeightPusher:
                 self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
             return self._channels[address]
 
-
-class _Failed:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-_END = object()
-
-
-def _ahead(items: Iterator, depth: int = 4) -> Iterator:
-    """Yield `items`, produced by a background thread up to `depth` ahead, so checksumming and copying the
-    next chunk overlap with gRPC sending this one. Stops the thread when the consumer stops early."""
-    ready: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def fill() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(_END)
-        except BaseException as err:  # handed to the consumer, raised there
-            put(_Failed(err))
-
-    threading.Thread(target=fill, name="weight-push-encode", daemon=True).start()
-    try:
-        while (item := ready.get()) is not _END:
-            if isinstance(item, _Failed):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
