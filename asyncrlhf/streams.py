@@ -264,7 +264,8 @@ class Consumer(Generic[M]):
         if outputs is not None and (to is None or len(outputs) != len(deliveries)):
             raise ValueError("ack: outputs need a producer `to` and one entry (or None) per delivery")
         maxlen = to.maxlen if to else self.maxlen
-        args: list = [self.group, time.time(), maxlen, self._delete, len(deliveries), "0" if outputs is None else "1"]
+        with_outputs = "0" if outputs is None else "1"
+        args: list = [self.group, time.time(), maxlen, self._delete, len(deliveries), with_outputs]
         for delivery in deliveries:
             args += (delivery.entry_id, delivery.identity)
         for out in outputs or ():
