@@ -1,0 +1,10 @@
+"""The generator service: samples k completions per prompt group and streams RolloutGroups to Redis.
+
+    backends/   the `Backend` Protocol and its HF (hf.py) and vLLM (vllm.py) implementations
+    loop.py     prompts stream -> backend -> rollouts stream, one batch at a time
+    gate.py     generation batches and weight swaps take turns on the backend
+    server.py   WeightSync gRPC server into the backend, registry heartbeat
+    http.py     /healthz /readyz /metrics and POST /v1/completions
+    metrics.py  the Prometheus metrics
+    run.py      one process wired from the config (`python -m services.generator --config X`)
+"""

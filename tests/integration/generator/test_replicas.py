@@ -48,6 +48,10 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
         assert all(g.policy_version == 1 for g in written)
         stats = RunStreams(redis_client, run_name).stats(PROMPTS, CONSUMER_GROUP)
         assert (stats.length, stats.pending) == (0, 0)
+
+        procs[0].stop()  # SIGTERM: finish the batch, leave the registry, exit cleanly
+        assert procs[0].proc.returncode == 0
+        assert len(members(redis_client, run_name)) == 1
     finally:
         for p in procs:
             p.stop()
