@@ -37,7 +37,7 @@ TARGET_RATIO = 0.9
 
 
 def synthetic_prompts(n: int) -> list[str]:
-    topics = ["the sea", "a quiet town", "learning to cook", "an old map", "the first snow", "a long train ride"]
+    topics = ["the sea", "a quiet town", "learning to cook", "an old map", "the first snow", "a train ride"]
     return [f"Write two sentences about {topics[i % len(topics)]} (#{i})." for i in range(n)]
 
 
@@ -97,9 +97,10 @@ def _bare_batch(backend: Backend, batch: list[list[int]], g, rng: RngStream, out
     out["bare_tokens"] += sum(len(c.token_ids) for group in groups for c in group)
 
 
-def _service_batch(service: GeneratorService, producer, batch: list[list[int]], rng: RngStream, out: dict) -> None:
-    producer.add_many(PromptGroup(group_id=f"bench-{uuid.uuid4().hex}", prompt_token_ids=p, enqueued_at=time.time())
-                      for p in batch)
+def _service_batch(service: GeneratorService, producer, batch: list[list[int]], rng: RngStream,
+                   out: dict) -> None:
+    producer.add_many(PromptGroup(group_id=f"bench-{uuid.uuid4().hex}", prompt_token_ids=p,
+                                  enqueued_at=time.time()) for p in batch)
     before, written = _tokens_generated(service), 0
     with rng:
         start = time.perf_counter()
@@ -124,9 +125,10 @@ def measure(cfg, prompt_count: int, repeats: int) -> dict:
     backend = create_backend(cfg, tokenizer)
     prompts = encode_prompts(tokenizer, synthetic_prompts(prompt_count), cfg.model)
     with redis_url(cfg.redis.model_copy(update={"persist": False})) as url, contextlib.ExitStack() as stack:
-        cfg = cfg.model_copy(update={"redis": cfg.redis.model_copy(update={"url": url}),
-                                     "run": cfg.run.model_copy(update={"name": f"bench-{uuid.uuid4().hex[:8]}"})})
-        service = GeneratorService(cfg, backend=backend, tokenizer=tokenizer, client=connect(cfg.redis)).start()
+        run = cfg.run.model_copy(update={"name": f"bench-{uuid.uuid4().hex[:8]}"})
+        cfg = cfg.model_copy(update={"redis": cfg.redis.model_copy(update={"url": url}), "run": run})
+        service = GeneratorService(cfg, backend=backend, tokenizer=tokenizer, client=connect(cfg.redis))
+        service.start()
         stack.callback(service.close)
         with WeightPusher(cfg.run.token) as pusher:
             state = {name: t.detach().cpu().clone() for name, t in backend.named_tensors().items()}
@@ -138,9 +140,11 @@ def measure(cfg, prompt_count: int, repeats: int) -> dict:
         stack.callback(_delete_run_keys, service.client, cfg.run.name)
     bare = sum(r["bare_tokens"] for r in rounds) / sum(r["bare_s"] for r in rounds)
     served = sum(r["service_tokens"] for r in rounds) / sum(r["service_s"] for r in rounds)
-    return {"backend": cfg.generator.backend, "model": cfg.model.name_or_path, "device": str(getattr(backend, "device", "")),
-            "prompts": prompt_count, "k": cfg.generator.samples_per_prompt, "batch_prompts": cfg.generator.batch_prompts,
-            "max_new_tokens": cfg.generator.sampling.max_new_tokens, "repeats": repeats,
+    g = cfg.generator
+    device = str(getattr(backend, "device", ""))
+    return {"backend": g.backend, "model": cfg.model.name_or_path, "device": device,
+            "prompts": prompt_count, "k": g.samples_per_prompt, "batch_prompts": g.batch_prompts,
+            "max_new_tokens": g.sampling.max_new_tokens, "repeats": repeats,
             "bare_tokens_per_s": bare, "service_tokens_per_s": served, "ratio": served / bare,
             "target_ratio": TARGET_RATIO, "rounds": rounds}
 
@@ -148,7 +152,8 @@ def measure(cfg, prompt_count: int, repeats: int) -> dict:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrlhf bench generator", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=64, help="prompt groups per phase")
-    parser.add_argument("--repeats", type=int, default=3, help="passes over the prompts (each alternates bare and service batch by batch)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="passes over the prompts (each alternates bare and service batch by batch)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args, rest = parser.parse_known_args(list(argv))
     files, overrides = split_config_args(rest)
@@ -161,8 +166,9 @@ def main(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"generator bench: {result['backend']} backend, model {result['model']}, {result['prompts']} prompts x "
-          f"k={result['k']}, batches of {result['batch_prompts']}, max_new_tokens={result['max_new_tokens']}, "
+    print(f"generator bench: {result['backend']} backend, model {result['model']}, "
+          f"{result['prompts']} prompts x k={result['k']}, batches of {result['batch_prompts']}, "
+          f"max_new_tokens={result['max_new_tokens']}, "
           f"{result['repeats']} passes")
     print(f"  bare backend  {result['bare_tokens_per_s']:10.1f} tokens/s")
     print(f"  service       {result['service_tokens_per_s']:10.1f} tokens/s")

@@ -24,15 +24,17 @@ MAX_PROMPTS = 64
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str | list[str] = Field(description="One prompt or a list; the run's chat template is applied, as "
-                                                "for the learner's prompts.")
-    model: str | None = Field(None, description="Ignored (accepted for OpenAI clients): the run's policy answers.")
+    prompt: str | list[str] = Field(
+        description="One prompt or a list; the run's chat template is applied, as for the learner's prompts.")
+    model: str | None = Field(
+        None, description="Ignored (accepted for OpenAI clients): the run's policy answers.")
     max_tokens: int = Field(16, ge=1, le=4096, description="Most completion tokens per choice.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0; log-probs use it too).")
     top_p: float = Field(1.0, gt=0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
     n: int = Field(1, ge=1, le=16, description="Completions per prompt.")
-    logprobs: bool = Field(False, description="Return each token's id and log-prob under the sampling temperature.")
+    logprobs: bool = Field(
+        False, description="Return each token's id and log-prob under the sampling temperature.")
 
     @field_validator("prompt")
     @classmethod
@@ -74,10 +76,12 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
-def completions_router(cfg: Config, backend: Backend, gate: BackendGate, tokenizer, generator_id: str) -> APIRouter:
+def completions_router(cfg: Config, backend: Backend, gate: BackendGate, tokenizer,
+                       generator_id: str) -> APIRouter:
     router = APIRouter()
+    auth = [Depends(token_dependency(cfg.run.token))]
 
-    @router.post("/v1/completions", response_model=CompletionResponse, dependencies=[Depends(token_dependency(cfg.run.token))],
+    @router.post("/v1/completions", response_model=CompletionResponse, dependencies=auth,
                  summary="Sample completions with the generator's current weights.")
     def completions(request: CompletionRequest) -> CompletionResponse:
         prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
@@ -92,7 +96,8 @@ def completions_router(cfg: Config, backend: Backend, gate: BackendGate, tokeniz
         choices = [
             Choice(index=i * request.n + j, text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
                    finish_reason=c.finish,
-                   logprobs=TokenLogprobs(token_ids=c.token_ids, token_logprobs=c.logprobs) if request.logprobs else None)
+                   logprobs=TokenLogprobs(token_ids=c.token_ids, token_logprobs=c.logprobs)
+                   if request.logprobs else None)
             for i, group in enumerate(groups) for j, c in enumerate(group)
         ]
         prompt_tokens = sum(len(p) for p in ids) * request.n

@@ -39,7 +39,8 @@ def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> 
     vocab = len(tokenizer)
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
-        raise ValueError(f"prompt group {prompt.group_id!r} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        raise ValueError(f"prompt group {prompt.group_id!r} has token ids outside the vocabulary "
+                         f"[0, {vocab}): {bad[:5]}")
     return ids
 
 
@@ -49,7 +50,8 @@ def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], versio
     samples = [Sample(completion_token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=_FINISH[c.finish],
                       text=decode(c.token_ids)) for c in completions]
     return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=version,
-                        generator_id=generator_id, generation_started_at=started_at, generated_at=generated_at)
+                        generator_id=generator_id, generation_started_at=started_at,
+                        generated_at=generated_at)
 
 
 class GeneratorLoop:
@@ -57,7 +59,8 @@ class GeneratorLoop:
                  producer: Producer[RolloutGroup], tokenizer, generator_id: str, metrics: GeneratorMetrics,
                  weights_arrived: threading.Event, pending: Callable[[], int] = lambda: 0):
         self.cfg, self.backend, self.gate, self.tokenizer = cfg, backend, gate, tokenizer
-        self.consumer, self.producer, self.generator_id, self.metrics = consumer, producer, generator_id, metrics
+        self.consumer, self.producer = consumer, producer
+        self.generator_id, self.metrics = generator_id, metrics
         self.weights_arrived, self.pending = weights_arrived, pending
         self._next_pending_check = 0.0
 
@@ -103,8 +106,8 @@ class GeneratorLoop:
             self.metrics.failed_groups.inc(len(work))
             return 0
         seconds, generated_at = time.perf_counter() - start, time.time()
-        groups = [rollout_group(d.message, c, version, self.generator_id, started_at, generated_at, self._decode)
-                  for (d, _, _), c in zip(work, completions)]
+        groups = [rollout_group(d.message, c, version, self.generator_id, started_at, generated_at,
+                                self._decode) for (d, _, _), c in zip(work, completions)]
         self.consumer.ack([d for d, _, _ in work], groups, to=self.producer)
         self._record(completions, seconds)
         return len(groups)
@@ -115,7 +118,8 @@ class GeneratorLoop:
         order = sorted(range(len(work)), key=lambda i: work[i][2])
         for k, same_k in groupby(order, key=lambda i: work[i][2]):
             idx = list(same_k)
-            for i, comps in zip(idx, self.backend.generate([work[i][1] for i in idx], k, self.cfg.generator.sampling)):
+            generated = self.backend.generate([work[i][1] for i in idx], k, self.cfg.generator.sampling)
+            for i, comps in zip(idx, generated):
                 out[i] = comps
         return out  # type: ignore[return-value]
 

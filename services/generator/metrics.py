@@ -19,17 +19,20 @@ class GeneratorMetrics:
         self.tokens = Counter(name("tokens", "total"), "Completion tokens generated.", registry=r)
         self.groups = Counter(name("groups", "total"), "Rollout groups written.", registry=r)
         self.failed_groups = Counter(name("failed_groups", "total"),
-                                     "Prompt groups whose batch failed (retried, then dead-lettered).", registry=r)
+                                     "Prompt groups whose batch failed (retried, then dead-lettered).",
+                                     registry=r)
         self.tokens_per_second = Gauge(name("tokens_per_second"), "Tokens/s of the last batch.", registry=r)
         self.batch_seconds = Histogram(name("batch", "seconds"), "Seconds per generation batch.",
                                        buckets=_SECONDS_BUCKETS, registry=r)
         self.idle_seconds = Counter(name("idle_seconds", "total"),
-                                    "Seconds with nothing to generate (no prompts, or no weights yet).", registry=r)
+                                    "Seconds with nothing to generate (no prompts, or no weights yet).",
+                                    registry=r)
         self.version = Gauge(name("policy_version"), "Policy version served.", ["generator"],
                              registry=r).labels(generator=generator_id)
-        self.weight_apply_seconds = Histogram(name("weight_apply", "seconds"),
-                                              "Seconds to swap a pushed version in (waiting for the batch included).",
-                                              buckets=_SECONDS_BUCKETS, registry=r)
+        self.weight_apply_seconds = Histogram(
+            name("weight_apply", "seconds"),
+            "Seconds to swap a pushed version in (waiting for the batch included).",
+            buckets=_SECONDS_BUCKETS, registry=r)
         self.weight_updates = Counter(name("weight_updates", "total"), "Weight versions applied.", registry=r)
         self.prompts_pending = Gauge(name("prompts_pending"), "Prompt groups waiting in the prompts stream.",
                                      registry=r)

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 
 def new_generator_id() -> str:
-    """Unique per process: a restarted generator is a new consumer (its old pending entries get re-claimed)."""
+    """Unique per process: a restarted generator is a new consumer (its old pending entries get
+    re-claimed)."""
     return f"gen-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
@@ -56,8 +57,10 @@ class GeneratorService:
         """Serve WeightSync, register in the registry (version 0 until the first push), serve HTTP."""
         check_bind(self.cfg.generator.http_host, self.cfg, "the generator's HTTP server")
         self.weight_sync = start_weight_sync(self.cfg, self.swap)
-        self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address, self.backend)
-        app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id, self.ready)
+        self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address,
+                                         self.backend)
+        app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id,
+                            self.ready)
         self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()
         log.info("generator %s: WeightSync on %s, HTTP on %s; waiting for the first weight push",
                  self.id, self.weight_sync.address, self.http.url)

@@ -42,7 +42,8 @@ class Backend(Protocol):
     def version(self) -> int:
         """Policy version of the live weights (0: none received yet)."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], k: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], k: int,
+                 sampling: SamplingConfig) -> list[list[Completion]]:
         """k completions of each prompt: `out[i][j]` is the j-th sample of `prompts[i]`."""
 
     def named_tensors(self) -> Mapping[str, torch.Tensor]:

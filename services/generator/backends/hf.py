@@ -78,7 +78,8 @@ class HFBackend:
         self.model.requires_grad_(False)
         generation_owner = model.get_base_model() if is_lora(model) else model
         generation_owner.generation_config = GenerationConfig(
-            eos_token_id=sorted(eos_ids), pad_token_id=pad_id, bos_token_id=generation_owner.config.bos_token_id)
+            eos_token_id=sorted(eos_ids), pad_token_id=pad_id,
+            bos_token_id=generation_owner.config.bos_token_id)
         state = model.state_dict(keep_vars=True)
         self._live = adapter_tensors(state) if is_lora(model) else dict(state)
         self._version = 0
@@ -89,9 +90,9 @@ class HFBackend:
         torch.manual_seed(cfg.run.seed)
         device = resolve_device(cfg.generator.device)
         model = load_policy(cfg.model, lora=cfg.learner.lora, device=str(device))
-        eos = {tokenizer.eos_token_id}
         configured = getattr(model.config, "eos_token_id", None)
-        eos.update(configured if isinstance(configured, list) else [configured] if configured is not None else [])
+        configured = configured if isinstance(configured, list) else [configured]
+        eos = {tokenizer.eos_token_id, *configured} - {None}
         return cls(model, tokenizer.pad_token_id, eos, device)
 
     @property
@@ -108,7 +109,8 @@ class HFBackend:
         self._version = version
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], k: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], k: int,
+                 sampling: SamplingConfig) -> list[list[Completion]]:
         ids, mask = left_pad([p for p in prompts for _ in range(k)], self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         out = self.model.generate(

@@ -66,7 +66,8 @@ def model_dir_for_vllm(cfg: ModelConfig) -> Path:
     from asyncrlhf.models import load_tokenizer
 
     tiny = cfg.tiny.model_dump()
-    target = Path(cfg.cache_dir).expanduser() / ("tiny-" + "-".join(f"{k}{v}" for k, v in sorted(tiny.items())))
+    name = "tiny-" + "-".join(f"{key}{value}" for key, value in sorted(tiny.items()))
+    target = Path(cfg.cache_dir).expanduser() / name
     if not (target / "config.json").is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
@@ -132,8 +133,9 @@ class VLLMBackend:
             llm = vllm.LLM(**kwargs)
         except TypeError as err:
             if "logprobs_mode" in str(err) or "worker_extension_cls" in str(err):
-                raise ImportError(f"vLLM {vllm.__version__} is too old for this backend (it needs logprobs_mode "
-                                  f"and worker_extension_cls): pip install 'vllm>=0.10.2'") from err
+                raise ImportError(f"vLLM {vllm.__version__} is too old for this backend (it needs "
+                                  "logprobs_mode and worker_extension_cls): "
+                                  "pip install 'vllm>=0.10.2'") from err
             raise
         dtype = getattr(torch, cfg.model.dtype if g.vllm_dtype == "auto" else g.vllm_dtype)
         adapter_root = Path(tempfile.mkdtemp(prefix="asyncrlhf-lora-"))
@@ -155,7 +157,8 @@ class VLLMBackend:
             self.llm.reset_prefix_cache()
         self._version = version
 
-    def generate(self, prompts: Sequence[Sequence[int]], k: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], k: int,
+                 sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
 
         params = SamplingParams(n=k, temperature=sampling.temperature, top_p=sampling.top_p,

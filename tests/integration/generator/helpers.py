@@ -32,9 +32,9 @@ class GeneratorProcess:
     def __init__(self, redis_url: str, run: str, *overrides: str):
         self.http_port = free_port()
         self.log_path = Path(tempfile.mkstemp(prefix="generator-", suffix=".log")[1])
-        cmd = [sys.executable, "-m", "services.generator", "--config", "configs/tiny.yaml", f"redis.url={redis_url}",
-               f"run.name={run}", f"generator.http_port={self.http_port}", "generator.device=cpu",
-               "generator.threads=1", "redis.block_ms=200", *overrides]
+        cmd = [sys.executable, "-m", "services.generator", "--config", "configs/tiny.yaml",
+               f"redis.url={redis_url}", f"run.name={run}", f"generator.http_port={self.http_port}",
+               "generator.device=cpu", "generator.threads=1", "redis.block_ms=200", *overrides]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
@@ -91,8 +91,8 @@ def push(state: dict[str, torch.Tensor], version: int, targets: list[Member]) ->
 
 def enqueue(client: redis.Redis, run: str, prompts: list[list[int]], k: int = 0) -> list[str]:
     """One PromptGroup per prompt (k=0: the generator's samples_per_prompt); returns the group ids."""
-    groups = [PromptGroup(group_id=f"g-{uuid.uuid4().hex[:10]}", prompt_token_ids=p, k=k, enqueued_at=time.time())
-              for p in prompts]
+    groups = [PromptGroup(group_id=f"g-{uuid.uuid4().hex[:10]}", prompt_token_ids=p, k=k,
+                          enqueued_at=time.time()) for p in prompts]
     RunStreams(client, run).producer(PROMPTS).add_many(groups)
     return [g.group_id for g in groups]
 
@@ -117,7 +117,8 @@ def rollouts_for(client: redis.Redis, run: str, group_ids: list[str]) -> dict[st
 @torch.no_grad()
 def recomputed_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int],
                         temperature: float) -> torch.Tensor:
-    """log pi(completion_t | prompt, completion_<t) under logits / temperature, by one unpadded forward pass."""
+    """log pi(completion_t | prompt, completion_<t) under logits / temperature, by one unpadded forward
+    pass."""
     full = torch.tensor([prompt + completion])
     logits = model(input_ids=full).logits[0, len(prompt) - 1:-1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]

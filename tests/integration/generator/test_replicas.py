@@ -41,7 +41,8 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
         assert (stats.length, stats.pending) == (N_PROMPTS, 0) and rollouts(redis_client, run_name) == []
 
         push(perturbed_state_dict(load_policy(cfg.model), seed=5), 1, live)
-        wait_for(lambda: rollouts_for(redis_client, run_name, ids), f"{N_PROMPTS} rollout groups", alive=procs)
+        wait_for(lambda: rollouts_for(redis_client, run_name, ids), f"{N_PROMPTS} rollout groups",
+                 alive=procs)
         written = rollouts(redis_client, run_name)
         assert sorted(g.group_id for g in written) == sorted(ids)  # none twice, none missed
         assert {g.generator_id for g in written} == {m.id for m in live}  # both did some of the work

@@ -11,7 +11,8 @@ from asyncrlhf._proto.rollout_pb2 import FinishReason
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from tests.integration.generator.helpers import (
-    START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, recomputed_logprobs, rollouts, rollouts_for, wait_for,
+    START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, recomputed_logprobs, rollouts, rollouts_for,
+    wait_for,
 )
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
 
@@ -68,7 +69,8 @@ def test_registers_without_a_version_until_the_first_push(gen):
         pytest.skip("runs first: later tests have pushed")
     assert gen.member.version == 0
     version = gen.push(perturbed_state_dict(gen.base, seed=1))
-    wait_for(lambda: members(gen.client, gen.run)[0].version == version, "the registry to show the new version")
+    wait_for(lambda: members(gen.client, gen.run)[0].version == version,
+             "the registry to show the new version")
 
 
 def test_groups_have_k_samples_with_exact_logprobs_and_the_version_used(gen):
@@ -86,12 +88,14 @@ def test_groups_have_k_samples_with_exact_logprobs_and_the_version_used(gen):
             tokens = list(sample.completion_token_ids)
             assert len(sample.logprobs) == len(tokens) > 0
             stopped = tokens[-1] == gen.tokenizer.eos_token_id
-            assert sample.finish_reason == (FinishReason.FINISH_REASON_STOP if stopped else FinishReason.FINISH_REASON_LENGTH)
+            assert sample.finish_reason == (FinishReason.FINISH_REASON_STOP if stopped
+                                            else FinishReason.FINISH_REASON_LENGTH)
             assert gen.tokenizer.eos_token_id not in tokens[:-1]
             assert stopped or len(tokens) == CFG.generator.sampling.max_new_tokens
             assert sample.text == gen.tokenizer.decode(tokens, skip_special_tokens=True)
             expected = recomputed_logprobs(model, prompt, tokens, TEMPERATURE)
-            torch.testing.assert_close(torch.tensor(list(sample.logprobs)), expected, atol=LOGPROB_ATOL, rtol=0)
+            torch.testing.assert_close(torch.tensor(list(sample.logprobs)), expected,
+                                       atol=LOGPROB_ATOL, rtol=0)
 
 
 def test_a_push_mid_run_tags_later_groups_and_changes_behaviour(gen):
@@ -116,7 +120,8 @@ def test_a_push_mid_run_tags_later_groups_and_changes_behaviour(gen):
                 assert tokens == [a] * CFG.generator.sampling.max_new_tokens
             expected = recomputed_logprobs(models[group.policy_version], list(group.prompt.prompt_token_ids),
                                            tokens, TEMPERATURE)
-            torch.testing.assert_close(torch.tensor(list(sample.logprobs)), expected, atol=LOGPROB_ATOL, rtol=0)
+            torch.testing.assert_close(torch.tensor(list(sample.logprobs)), expected,
+                                       atol=LOGPROB_ATOL, rtol=0)
 
 
 def test_completions_endpoint_returns_text_and_the_version(gen):
@@ -135,5 +140,6 @@ def test_completions_endpoint_returns_text_and_the_version(gen):
         bad = http.post("/v1/completions", json={"prompt": "hi", "temperature": 0})
         assert bad.status_code == 422 and "temperature" in bad.text
         metrics = http.get("/metrics").text
-        assert f'asyncrlhf_generator_policy_version{{generator="{gen.member.id}"}} {float(version)}' in metrics
+        gauge = f'asyncrlhf_generator_policy_version{{generator="{gen.member.id}"}} {float(version)}'
+        assert gauge in metrics
         assert "asyncrlhf_generator_tokens_total" in metrics

@@ -27,4 +27,5 @@ def peaked_state_dict(model: torch.nn.Module, token_id: int, margin: float = 32.
 def perturbed_state_dict(model: torch.nn.Module, seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:
     """The model's weights plus seeded noise: a distinct version whose log-probs differ from the original."""
     gen = torch.Generator().manual_seed(seed)
-    return {name: t.detach() + scale * torch.randn(t.shape, generator=gen) for name, t in model.state_dict().items()}
+    return {name: t.detach() + scale * torch.randn(t.shape, generator=gen)
+            for name, t in model.state_dict().items()}

@@ -56,7 +56,8 @@ def test_logprobs_are_the_sampled_tokens_under_the_temperature(tiny):
             full = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
                 logits = reference(input_ids=full).logits[0, len(prompt) - 1:-1].float()
-            expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            picked = torch.tensor(c.token_ids)[:, None]
+            expected = torch.log_softmax(logits / 0.7, -1).gather(-1, picked)[:, 0]
             torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=LOGPROB_ATOL, rtol=0)
 
 
@@ -80,7 +81,8 @@ def test_a_model_that_prefers_one_token_samples_only_it(tiny):
 
 
 def test_lora_backend_exposes_the_learners_adapter_names():
-    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu", "learner.lora.enabled=true", "learner.lora.r=4"])
+    cfg = load_config(["configs/tiny.yaml"],
+                      ["generator.device=cpu", "learner.lora.enabled=true", "learner.lora.r=4"])
     tokenizer = load_tokenizer(cfg.model)
     backend = HFBackend.from_config(cfg, tokenizer)
     learner_adapters = adapter_tensors(load_policy(cfg.model, lora=cfg.learner.lora).state_dict())
@@ -88,7 +90,8 @@ def test_lora_backend_exposes_the_learners_adapter_names():
     prompts = encode_prompts(tokenizer, ["hello"], cfg.model)
     torch.manual_seed(0)
     before = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
-    pushed = {name: torch.full_like(t, 0.5) for name, t in learner_adapters.items()}  # lora_B != 0: a real change
+    # lora_B starts at 0 (the adapter is a no-op); a push of 0.5 everywhere is a real change
+    pushed = {name: torch.full_like(t, 0.5) for name, t in learner_adapters.items()}
     backend.apply_weights(pushed, version=1)
     torch.manual_seed(0)
     after = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
