@@ -31,11 +31,13 @@ def init_distributed() -> tuple[int, int]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        if "RANK" in os.environ:
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        else:  # alone: a world of one, without writing RANK/MASTER_* into the environment children inherit
+            os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; harmless to a child
+            deepspeed.init_distributed(dist_backend=backend, verbose=False, auto_mpi_discovery=False,
+                                       init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 

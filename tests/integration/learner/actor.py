@@ -46,7 +46,7 @@ class Actor:
         self.heartbeat = Heartbeat(Registry(self.client, cfg.run.name, ttl_s=5), "actor", f"127.0.0.1:{port}",
                                    lambda: self.receiver.version, period_s=0.2).start()
         self.version_offset = version_offset
-        self.produced: list[str] = []
+        self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -65,7 +65,7 @@ class Actor:
             version = self.receiver.version
             groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity))) for d in deliveries]
             consumer.ack(deliveries, groups, to=out)
-            self.produced += [d.identity for d in deliveries]
+            self.prompts.update({d.identity: d.message for d in deliveries})
 
     def close(self) -> None:
         self.stop.set()

@@ -46,7 +46,7 @@ def run_learner(cfg, redis_url, **actor_kwargs):
 def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url, run_name, algorithm):
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=0", f"learner.algorithm={algorithm}",
                          "learner.kl.coef=0.01")
-    learner, _ = run_learner(cfg, redis_url)
+    learner, actor = run_learner(cfg, redis_url)
     rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
     assert len(rows) == 4 and all(s == 0 for r in rows for s in r["staleness"])  # on-policy by construction
 
@@ -54,9 +54,8 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
     engine.init_distributed()
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
     trainer = Trainer(cfg, policy, ReferencePolicy(load_policy(cfg.model)), objective=make_objective(cfg), pad_id=0)
-    feed = learner.feed
     for step, row in enumerate(rows, start=1):
-        groups = [scored_group(feed.group(int(gid[1:]), 0), step) for gid in row["group_ids"]]
+        groups = [scored_group(actor.prompts[gid], step) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)
     # Bit-exact: both paths run the same kernels on the same tensors in the same order on CPU in fp32.
     for (name, a), (_, b) in zip(learner.policy.module.state_dict().items(), policy.module.state_dict().items()):
