@@ -342,3 +342,47 @@ def set_threads(threads: int) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Learner checkpoints as policies
+
+
+def checkpoint_hf_dir(path: str | Path) -> Path:
+    """The HF directory of a checkpoint: accepts `checkpoints/` (follows `latest`), `step-XXXXXX/`, or the
+    `hf/` directory itself (or any HF model directory, e.g. `asyncrlhf sft` output)."""
+    path = Path(path).expanduser()
+    if (path / "latest").is_file():
+        path = path / (path / "latest").read_text().strip()
+    if (path / "hf").is_dir():
+        path = path / "hf"
+    if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
+        raise ModelLoadError(
+            f"{path} is not a checkpoint: expected `hf/` with config.json (full weights) or "
+            f"adapter_config.json (LoRA), as the learner writes under <run.dir>/checkpoints/step-XXXXXX/"
+        )
+    return path
+
+
+def checkpoint_version(path: str | Path) -> int | None:
+    """Policy version recorded in a learner checkpoint (`learner_state.json`), None for a plain HF dir."""
+    hf = checkpoint_hf_dir(path)
+    state = hf.parent / "learner_state.json"
+    if hf.name != "hf" or not state.is_file():
+        return None
+    import json
+
+    return int(json.loads(state.read_text())["version"])
+
+
+def load_checkpoint_policy(path: str | Path, base: ModelConfig | str, *, device: str = "cpu") -> nn.Module:
+    """A learner checkpoint as a causal LM: full weights, or `base` plus the saved PEFT adapter (LoRA runs)."""
+    hf = checkpoint_hf_dir(path)
+    cfg = as_model_config(base)
+    if (hf / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        policy = PeftModel.from_pretrained(load_policy(cfg), hf)
+    else:
+        policy = load_policy(cfg.model_copy(update={"name_or_path": str(hf), "gguf_file": None}))
+    return policy.to(resolve_device(device))

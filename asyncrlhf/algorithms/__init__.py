@@ -6,6 +6,7 @@ Services call these for all of their math.
 
 from asyncrlhf.algorithms.best_of_n import best_of_n_loss, best_of_n_select
 from asyncrlhf.algorithms.dpo import DPOLossType, dpo_loss, select_pairs
+from asyncrlhf.algorithms.evaluation import perplexity, sequence_kl, win_rate
 from asyncrlhf.algorithms.grpo import grpo_advantages, grpo_loss
 from asyncrlhf.algorithms.kl import AdaptiveKLController, KLKind, kl_penalty, shape_rewards
 from asyncrlhf.algorithms.logprobs import sequence_logprobs, token_logprobs
@@ -23,6 +24,7 @@ from asyncrlhf.algorithms.reinforce import (
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
 )
+from asyncrlhf.algorithms.reward_model import bradley_terry_loss
 from asyncrlhf.algorithms.rewards import missing_eos_penalty
 from asyncrlhf.algorithms.rloo import rloo_advantages
 
@@ -34,6 +36,7 @@ __all__ = [
     "Normalization",
     "best_of_n_loss",
     "best_of_n_select",
+    "bradley_terry_loss",
     "clipped_surrogate",
     "decoupled_ppo_loss",
     "dpo_loss",
@@ -46,6 +49,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "missing_eos_penalty",
+    "perplexity",
     "policy_gradient_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
@@ -53,10 +57,12 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "select_pairs",
+    "sequence_kl",
     "sequence_logprobs",
     "shape_rewards",
     "staleness_mask",
     "token_logprobs",
     "token_mean",
     "whiten",
+    "win_rate",
 ]
