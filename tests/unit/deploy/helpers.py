@@ -1,0 +1,190 @@
+"""What the deploy tests share: the repository's deploy files, a compose override resolver, kustomize
+rendering, the PromQL expressions of the dashboard and the alert rules, and the metric names services declare.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "asyncrlhf.json"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+SERVICE_PORTS = {"generator": 8001, "reward": 8002, "learner": 8003, "evaluator": 8004}
+GRPC_PORT = 50051
+
+
+# -- compose ----------------------------------------------------------------------------------------------
+
+
+class Reset:
+    """Compose's `!reset`: the key is removed from the merged service."""
+
+
+@dataclass
+class Override:
+    """Compose's `!override`: the value replaces the base value instead of merging with it."""
+
+    value: Any
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """PyYAML with compose's two merge tags (anchors and `<<` merge keys work as in any YAML)."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: Reset())
+ComposeLoader.add_constructor(
+    "!override",
+    lambda loader, node: Override(
+        loader.construct_sequence(node, deep=True)
+        if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node, deep=True)
+    ),
+)
+
+
+def load_compose(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=ComposeLoader)
+
+
+def merge_compose(base: dict, override: dict) -> dict:
+    """`docker compose -f base -f override` for the subset of merge rules our files use: mappings merge
+    key by key, `!override` replaces, `!reset` removes. A plain sequence in an override is refused: compose
+    merges each sequence field by its own rule, so our override files say `!override` explicitly."""
+    merged = dict(base)
+    for key, value in override.items():
+        if key.startswith("x-"):
+            continue  # extension fields only feed anchors
+        if isinstance(value, Reset):
+            merged.pop(key, None)
+        elif isinstance(value, Override):
+            merged[key] = value.value
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_compose(merged[key], value)
+        elif isinstance(value, list) and key in merged:
+            raise ValueError(f"`{key}`: a plain sequence in an override merges by compose's per-field rules; "
+                             f"write `!override` to replace it")
+        else:
+            merged[key] = value
+    return merged
+
+
+def compose_schema() -> dict:
+    """The compose specification's JSON schema, as vendored by the `check-jsonschema` package."""
+    from importlib.resources import files
+
+    return json.loads((files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text())
+
+
+# -- kubernetes -------------------------------------------------------------------------------------------
+
+
+def render_kustomize(target: str, tmp_path: Path) -> list[dict]:
+    """`kubectl kustomize deploy/k8s/<target>` on a copy of deploy/k8s whose secrets.env is the example."""
+    copy = tmp_path / "k8s"
+    if not copy.exists():
+        shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("secrets.env"))
+        shutil.copy(copy / "base" / "secrets.env.example", copy / "base" / "secrets.env")
+    out = subprocess.run(["kubectl", "kustomize", str(copy / target)], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {target} failed:\n{out.stderr}")
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def manifest_files() -> list[Path]:
+    """Every complete manifest under deploy/k8s: base resources and components (not the kustomization
+    files, not base/container.yaml, which is asyncrlhf config, not the overlays' partial patches)."""
+    paths = sorted((K8S / "base").glob("*.yaml")) + sorted((K8S / "components").glob("*/*.yaml"))
+    return [p for p in paths if p.name not in ("kustomization.yaml", "container.yaml")]
+
+
+# -- PromQL -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Query:
+    where: str  # "panel `Title` (A)" or "alert `Name`"
+    expr: str
+
+
+def dashboard_queries() -> list[Query]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [
+        Query(f"panel `{panel['title']}` ({target['refId']})", target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def alert_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+_COMPARISON = re.compile(r"(==|!=|>=|<=|>|<)")
+
+
+def alert_signal(expr: str) -> str:
+    """`<signal> <comparison> <threshold>` -> `<signal>`: the vector an alert compares, which must return
+    series in a healthy run even though the alert itself (rightly) returns nothing."""
+    depth, quote, cuts = 0, None, []
+    for i, ch in enumerate(expr):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and _COMPARISON.match(expr, i) and expr[i - 1] not in "=!<>":
+            cuts.append(i)
+    if len(cuts) != 1:
+        raise ValueError(f"alert expression must be `<signal> <comparison> <threshold>`: {expr}")
+    return expr[: cuts[0]].strip()
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\basyncrlhf_[a-z0-9_]+", expr))
+
+
+# -- what the services declare ----------------------------------------------------------------------------
+
+
+def declared_metrics() -> tuple[set[str], list[str]]:
+    """Every sample name the services can export, and the services whose metrics module is not there."""
+    makers = {
+        "generator": ("services.generator.metrics", lambda m: m.GeneratorMetrics("g")),
+        "reward": ("services.reward.metrics", lambda m: m.RewardMetrics()),
+        "learner": ("services.learner.metrics", lambda m: m.LearnerMetrics()),
+        "evaluator": ("services.evaluator.metrics", lambda m: m.EvaluatorMetrics()),
+    }
+    names: set[str] = set()
+    missing = []
+    for service, (module, make) in makers.items():
+        try:
+            registry = make(importlib.import_module(module)).registry
+        except ImportError:
+            missing.append(service)
+            continue
+        for family in registry.collect():
+            names |= set(_sample_names(family.name, family.type))
+    return names, missing
+
+
+def _sample_names(name: str, kind: str) -> Iterator[str]:
+    if kind == "counter":
+        yield f"{name}_total"
+    elif kind == "histogram":
+        yield from (f"{name}_bucket", f"{name}_count", f"{name}_sum")
+    else:
+        yield name
