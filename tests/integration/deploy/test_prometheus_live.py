@@ -26,11 +26,23 @@ import pytest
 import yaml
 
 from asyncrlhf.redis_server import free_port
-from tests.unit.deploy.helpers import ALERTS, DEPLOY, ROOT, alert_rules, alert_signal, dashboard_queries, metric_names
+from tests.unit.deploy.helpers import (
+    ALERTS,
+    DEPLOY,
+    ROOT,
+    alert_rules,
+    alert_signal,
+    dashboard_queries,
+    metric_names,
+)
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(shutil.which("prometheus") is None,
-                                 reason="needs prometheus (apt-get install prometheus; .ci/run does)")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="needs prometheus (apt-get install prometheus; .ci/run does)",
+    ),
+]
 STEPS = 3  # learner steps before the expressions are evaluated
 START_TIMEOUT_S = 420
 
@@ -42,26 +54,44 @@ class Stack:
         if (ROOT / "services" / "evaluator" / "__main__.py").exists():
             self.services.append("evaluator")
         self.ports = {name: free_port() for name in self.services}
-        self.overrides = [f"redis.url={redis_url}", f"run.name={run_name}", f"run.dir={tmp}/run",
-                          "learner.total_steps=1000", "learner.checkpoint_every=2", "redis.block_ms=100",
-                          f"generator.grpc_port={free_port()}",
-                          *(f"{name}.http_port={port}" for name, port in self.ports.items())]
+        self.overrides = [
+            f"redis.url={redis_url}",
+            f"run.name={run_name}",
+            f"run.dir={tmp}/run",
+            "learner.total_steps=1000",
+            "learner.checkpoint_every=2",
+            "redis.block_ms=100",
+            f"generator.grpc_port={free_port()}",
+            *(f"{name}.http_port={port}" for name, port in self.ports.items()),
+        ]
         self.prometheus_url = f"http://127.0.0.1:{free_port()}"
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         for name in self.services:
-            self._spawn(name, [sys.executable, "-m", f"services.{name}", "--config", "configs/tiny.yaml",
-                               *self.overrides], env)
+            self._spawn(
+                name,
+                [sys.executable, "-m", f"services.{name}", "--config", "configs/tiny.yaml", *self.overrides],
+                env,
+            )
         config = self._prometheus_config()
-        self._spawn("prometheus", ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={self.tmp}/tsdb",
-                                   f"--web.listen-address={self.prometheus_url.removeprefix('http://')}"], env)
+        self._spawn(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.tmp}/tsdb",
+                f"--web.listen-address={self.prometheus_url.removeprefix('http://')}",
+            ],
+            env,
+        )
         return self
 
     def _spawn(self, name: str, args: list[str], env: dict) -> None:
         self.logs[name] = self.tmp / f"{name}.log"
-        self.procs[name] = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.logs[name].open("w"),
-                                            stderr=subprocess.STDOUT)
+        self.procs[name] = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self.logs[name].open("w"), stderr=subprocess.STDOUT
+        )
 
     def _prometheus_config(self) -> Path:
         """deploy/prometheus/prometheus.yml with loopback targets and 1 s intervals, beside alerts.yml."""

@@ -9,9 +9,10 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -72,8 +73,10 @@ def merge_compose(base: dict, override: dict) -> dict:
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = merge_compose(merged[key], value)
         elif isinstance(value, list) and key in merged:
-            raise ValueError(f"`{key}`: a plain sequence in an override merges by compose's per-field rules; "
-                             f"write `!override` to replace it")
+            raise ValueError(
+                f"`{key}`: a plain sequence in an override merges by compose's per-field rules; "
+                f"write `!override` to replace it"
+            )
         else:
             merged[key] = value
     return merged
@@ -95,7 +98,9 @@ def render_kustomize(target: str, tmp_path: Path) -> list[dict]:
     if not copy.exists():
         shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("secrets.env"))
         shutil.copy(copy / "base" / "secrets.env.example", copy / "base" / "secrets.env")
-    out = subprocess.run(["kubectl", "kustomize", str(copy / target)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(copy / target)], check=False, capture_output=True, text=True, timeout=120
+    )
     if out.returncode != 0:
         raise AssertionError(f"kubectl kustomize {target} failed:\n{out.stderr}")
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]

@@ -9,8 +9,15 @@ import pytest
 import yaml
 
 from asyncrlhf.config import load_config
-from tests.unit.deploy.helpers import (DEPLOY, GRPC_PORT, ROOT, SERVICE_PORTS, compose_schema, load_compose,
-                                       merge_compose)
+from tests.unit.deploy.helpers import (
+    DEPLOY,
+    GRPC_PORT,
+    ROOT,
+    SERVICE_PORTS,
+    compose_schema,
+    load_compose,
+    merge_compose,
+)
 
 pytestmark = pytest.mark.unit
 COMPOSE = ROOT / "docker-compose.yml"
@@ -54,8 +61,11 @@ def test_gpu_zero_generates_and_gpus_one_to_three_train_with_three_processes(gpu
     s = gpu["services"]
     assert [d["device_ids"] for d in devices(s["generator"])] == [["0"]]
     assert [d["device_ids"] for d in devices(s["learner"])] == [["1", "2", "3"]]
-    assert all(d["driver"] == "nvidia" and d["capabilities"] == ["gpu"]
-               for name in ASYNCRLHF for d in devices(s[name]))
+    assert all(
+        d["driver"] == "nvidia" and d["capabilities"] == ["gpu"]
+        for name in ASYNCRLHF
+        for d in devices(s[name])
+    )
     assert devices(s["reward"]) == [], "the rule scorer runs on the CPU"
     entry = s["learner"]["entrypoint"]
     assert entry[:2] == ["torchrun", "--standalone"] and entry[entry.index("--nproc_per_node") + 1] == "3"
@@ -85,7 +95,9 @@ def test_config_is_mounted_read_only_and_the_token_comes_from_an_env_file(gpu):
     assert "*.env" in (DEPLOY / "compose" / ".gitignore").read_text()
     assert "--appendonly" in gpu["services"]["redis"]["command"]
     grafana = gpu["services"]["grafana"]["environment"]
-    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert (
+        grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    )
 
 
 @pytest.mark.parametrize("run_config", ["configs/node4gpu.yaml", "configs/tiny.yaml"])
@@ -109,9 +121,13 @@ def test_health_checks_and_prometheus_targets_use_each_service_port(gpu):
         assert f"127.0.0.1:{port}/healthz" in " ".join(service["healthcheck"]["test"])
         assert service["environment"]["ASYNCRLHF_HEALTH_PORT"] == str(port)
     scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
-    targets = {c["static_configs"][0].get("labels", {}).get("service"): c["static_configs"][0]["targets"]
-               for c in scrape}
-    assert {name: targets[name] for name in SERVICE_PORTS} == {n: [f"{n}:{p}"] for n, p in SERVICE_PORTS.items()}
+    targets = {
+        c["static_configs"][0].get("labels", {}).get("service"): c["static_configs"][0]["targets"]
+        for c in scrape
+    }
+    assert {name: targets[name] for name in SERVICE_PORTS} == {
+        n: [f"{n}:{p}"] for n, p in SERVICE_PORTS.items()
+    }
 
 
 def test_prometheus_and_grafana_mounts_point_at_the_files(gpu):
@@ -120,6 +136,10 @@ def test_prometheus_and_grafana_mounts_point_at_the_files(gpu):
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (ROOT / source).exists(), f"{service} mounts {source}, which does not exist"
-    provider = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "asyncrlhf.yml").read_text())
-    dash_mount = next(v for v in gpu["services"]["grafana"]["volumes"] if v.startswith("./deploy/grafana/dashboards"))
+    provider = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "asyncrlhf.yml").read_text()
+    )
+    dash_mount = next(
+        v for v in gpu["services"]["grafana"]["volumes"] if v.startswith("./deploy/grafana/dashboards")
+    )
     assert dash_mount.split(":")[1] == provider["providers"][0]["options"]["path"]

@@ -17,69 +17,160 @@ from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manif
 pytestmark = pytest.mark.unit
 KUBERNETES_VERSION = "1.30"  # the oldest release these manifests target (autoscaling/v2, sizeLimit, ...)
 TARGETS = [".", "overlays/gpu", "overlays/cpu"]
-needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                   reason="needs kubectl (its built-in kustomize renders the overlays)")
+needs_kubectl = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize renders the overlays)"
+)
 
 # The ScaledObject fields of KEDA 2.x's CRD (keda.sh/v1alpha1; keda.sh/docs reference/scaledobject-spec),
 # closed at every level we use so a misspelt field fails. Trigger metadata is a string map in the CRD.
 _INT = {"type": "integer"}
-_POLICIES = {"type": "array", "items": {
-    "type": "object", "additionalProperties": False, "required": ["type", "value", "periodSeconds"],
-    "properties": {"type": {"enum": ["Pods", "Percent"]}, "value": _INT, "periodSeconds": _INT}}}
-_RULES = {"type": "object", "additionalProperties": False, "properties": {
-    "stabilizationWindowSeconds": _INT, "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
-    "policies": _POLICIES}}
-SCALED_OBJECT = {
-    "type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+_POLICIES = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["type", "value", "periodSeconds"],
+        "properties": {"type": {"enum": ["Pods", "Percent"]}, "value": _INT, "periodSeconds": _INT},
+    },
+}
+_RULES = {
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"}, "kind": {"const": "ScaledObject"},
+        "stabilizationWindowSeconds": _INT,
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": _POLICIES,
+    },
+}
+SCALED_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
         "metadata": {"type": "object", "required": ["name"]},
-        "spec": {"type": "object", "additionalProperties": False, "required": ["scaleTargetRef", "triggers"],
-                 "properties": {
-            "scaleTargetRef": {"type": "object", "additionalProperties": False, "required": ["name"],
-                               "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                              "name": {"type": "string"},
-                                              "envSourceContainerName": {"type": "string"}}},
-            "pollingInterval": _INT, "cooldownPeriod": _INT, "initialCooldownPeriod": _INT,
-            "idleReplicaCount": _INT, "minReplicaCount": _INT, "maxReplicaCount": _INT,
-            "fallback": {"type": "object", "additionalProperties": False,
-                         "required": ["failureThreshold", "replicas"],
-                         "properties": {"failureThreshold": _INT, "replicas": _INT,
-                                        "behavior": {"enum": ["static", "currentReplicas",
-                                                              "currentReplicasIfHigher",
-                                                              "currentReplicasIfLower"]}}},
-            "advanced": {"type": "object", "additionalProperties": False, "properties": {
-                "restoreToOriginalReplicaCount": {"type": "boolean"},
-                "horizontalPodAutoscalerConfig": {
-                    "type": "object", "additionalProperties": False, "properties": {
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
                         "name": {"type": "string"},
-                        "behavior": {"type": "object", "additionalProperties": False,
-                                     "properties": {"scaleUp": _RULES, "scaleDown": _RULES}}}},
-                "scalingModifiers": {"type": "object"}}},
-            "triggers": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "additionalProperties": False, "required": ["type", "metadata"],
-                "properties": {
-                    "type": {"type": "string"}, "name": {"type": "string"},
-                    "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                    "useCachedMetrics": {"type": "boolean"},
-                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "authenticationRef": {"type": "object", "required": ["name"]}}}},
-        }},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": _INT,
+                "cooldownPeriod": _INT,
+                "initialCooldownPeriod": _INT,
+                "idleReplicaCount": _INT,
+                "minReplicaCount": _INT,
+                "maxReplicaCount": _INT,
+                "fallback": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["failureThreshold", "replicas"],
+                    "properties": {
+                        "failureThreshold": _INT,
+                        "replicas": _INT,
+                        "behavior": {
+                            "enum": [
+                                "static",
+                                "currentReplicas",
+                                "currentReplicasIfHigher",
+                                "currentReplicasIfLower",
+                            ]
+                        },
+                    },
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"scaleUp": _RULES, "scaleDown": _RULES},
+                                },
+                            },
+                        },
+                        "scalingModifiers": {"type": "object"},
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "authenticationRef": {"type": "object", "required": ["name"]},
+                        },
+                    },
+                },
+            },
+        },
     },
 }
 # Trigger metadata keys each scaler reads (keda.sh/docs scalers/redis-streams, scalers/prometheus).
 TRIGGER_METADATA = {
     "redis-streams": {
         "required": {"stream"},
-        "allowed": {"address", "host", "port", "addressFromEnv", "hostFromEnv", "portFromEnv", "username",
-                    "usernameFromEnv", "passwordFromEnv", "stream", "consumerGroup", "pendingEntriesCount",
-                    "streamLength", "lagCount", "activationLagCount", "activationValueTargetValue",
-                    "enableTLS", "unsafeSsl", "databaseIndex"},
+        "allowed": {
+            "address",
+            "host",
+            "port",
+            "addressFromEnv",
+            "hostFromEnv",
+            "portFromEnv",
+            "username",
+            "usernameFromEnv",
+            "passwordFromEnv",
+            "stream",
+            "consumerGroup",
+            "pendingEntriesCount",
+            "streamLength",
+            "lagCount",
+            "activationLagCount",
+            "activationValueTargetValue",
+            "enableTLS",
+            "unsafeSsl",
+            "databaseIndex",
+        },
     },
     "prometheus": {
         "required": {"serverAddress", "query", "threshold"},
-        "allowed": {"serverAddress", "query", "threshold", "activationThreshold", "namespace", "customHeaders",
-                    "ignoreNullValues", "queryParameters", "unsafeSsl", "timeout", "authModes"},
+        "allowed": {
+            "serverAddress",
+            "query",
+            "threshold",
+            "activationThreshold",
+            "namespace",
+            "customHeaders",
+            "ignoreNullValues",
+            "queryParameters",
+            "unsafeSsl",
+            "timeout",
+            "authModes",
+        },
     },
 }
 
@@ -91,12 +182,16 @@ def validate(doc: dict, where: str) -> None:
         for trigger in doc["spec"]["triggers"]:
             rules, keys = TRIGGER_METADATA[trigger["type"]], set(trigger["metadata"])
             assert rules["required"] <= keys, f"{where}: {trigger['type']} needs {rules['required'] - keys}"
-            assert keys <= rules["allowed"], f"{where}: unknown {trigger['type']} keys {keys - rules['allowed']}"
+            assert keys <= rules["allowed"], (
+                f"{where}: unknown {trigger['type']} keys {keys - rules['allowed']}"
+            )
         return
     try:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as err:
-        pytest.fail(f"{where}: {doc['kind']} {doc['metadata'].get('name')}: {err.message} at {list(err.path)}")
+        pytest.fail(
+            f"{where}: {doc['kind']} {doc['metadata'].get('name')}: {err.message} at {list(err.path)}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +212,12 @@ def container(docs: list[dict], kind: str, name: str) -> dict:
     return find(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]
 
 
-WORKLOADS = [("Deployment", "generator"), ("Deployment", "reward"), ("StatefulSet", "learner"),
-             ("Deployment", "evaluator")]
+WORKLOADS = [
+    ("Deployment", "generator"),
+    ("Deployment", "reward"),
+    ("StatefulSet", "learner"),
+    ("Deployment", "evaluator"),
+]
 
 
 # -- every manifest, as written and as rendered --------------------------------------------------------------
@@ -137,7 +236,15 @@ def test_manifest_file_validates(path):
 def test_overlay_renders_and_every_resource_validates(rendered, target):
     docs = rendered[target]
     kinds = {d["kind"] for d in docs}
-    assert {"Namespace", "ConfigMap", "Secret", "StatefulSet", "Deployment", "Service", "NetworkPolicy"} <= kinds
+    assert {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "StatefulSet",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+    } <= kinds
     for doc in docs:
         assert doc["metadata"].get("namespace", "asyncrlhf") == "asyncrlhf" or doc["kind"] == "Namespace"
         validate(doc, f"kustomize {target}")
@@ -154,7 +261,7 @@ def test_a_broken_manifest_fails_validation():
     assert list(jsonschema.Draft7Validator(SCALED_OBJECT).iter_errors(scaled))
 
 
-# -- the overlays say what they should ------------------------------------------------------------------------
+# -- the overlays say what they should ------------------------------------------------------------------
 
 
 @needs_kubectl
@@ -169,7 +276,11 @@ def test_gpu_overlay_gives_the_generator_one_gpu_and_the_learner_three_under_tor
     learner = container(docs, "StatefulSet", "learner")
     assert learner["resources"]["limits"]["nvidia.com/gpu"] == 3
     cmd = learner["command"]
-    assert cmd[0] == "torchrun" and cmd[cmd.index("--nproc_per_node") + 1] == "3" and cmd[-1] == "services.learner"
+    assert (
+        cmd[0] == "torchrun"
+        and cmd[cmd.index("--nproc_per_node") + 1] == "3"
+        and cmd[-1] == "services.learner"
+    )
     assert all(c["image"] == "asyncrlhf:gpu" for k, n in WORKLOADS for c in [container(docs, k, n)])
     for doc in rendered["overlays/cpu"]:
         assert "nvidia.com/gpu" not in yaml.safe_dump(doc)
@@ -197,19 +308,26 @@ def test_workloads_probe_and_expose_their_service_port(rendered, target):
     assert "generator.advertise_host=$(POD_IP)" in generator["args"]
     pod_ip = {e["name"]: e for e in generator["env"]}["POD_IP"]
     assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert find(docs, "StatefulSet", "learner")["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "runs"
+    assert (
+        find(docs, "StatefulSet", "learner")["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "runs"
+    )
 
 
 @needs_kubectl
 @pytest.mark.parametrize("target, config", [("overlays/gpu", "node4gpu.yaml"), ("overlays/cpu", "tiny.yaml")])
-def test_configmap_holds_the_run_config_and_it_loads_with_the_container_layer(rendered, target, config, tmp_path):
+def test_configmap_holds_the_run_config_and_it_loads_with_the_container_layer(
+    rendered, target, config, tmp_path
+):
     data = next(d for d in rendered[target] if d["kind"] == "ConfigMap")["data"]
     assert data["run.yaml"] == (ROOT / "configs" / config).read_text(), (
-        f"deploy/k8s/{target}/run.yaml differs from configs/{config}: copy it over")
+        f"deploy/k8s/{target}/run.yaml differs from configs/{config}: copy it over"
+    )
     for name, text in data.items():
         (tmp_path / name).write_text(text)
-    cfg = load_config([tmp_path / "run.yaml", tmp_path / "container.yaml"],
-                      ["generator.advertise_host=10.0.0.7", "redis.password=x", "run.token=t"])
+    cfg = load_config(
+        [tmp_path / "run.yaml", tmp_path / "container.yaml"],
+        ["generator.advertise_host=10.0.0.7", "redis.password=x", "run.token=t"],
+    )
     ports = {s: getattr(cfg, s).http_port for s in SERVICE_PORTS}
     assert ports == SERVICE_PORTS and cfg.generator.grpc_port == GRPC_PORT
     assert cfg.generator.http_host == cfg.generator.grpc_host == "0.0.0.0"
@@ -220,7 +338,9 @@ def test_only_the_learner_reaches_the_generators_weightsync_port(rendered):
     docs = rendered["overlays/gpu"]
     policy = find(docs, "NetworkPolicy", "generator-weightsync-from-learner")
     grpc = [r for r in policy["spec"]["ingress"] if any(p["port"] == GRPC_PORT for p in r.get("ports", []))]
-    assert len(grpc) == 1 and grpc[0]["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "learner"}}}]
+    assert len(grpc) == 1 and grpc[0]["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "learner"}}}
+    ]
     open_rules = [r for r in policy["spec"]["ingress"] if "from" not in r]
     assert all(p["port"] == SERVICE_PORTS["generator"] for r in open_rules for p in r["ports"])
     ports = {p["name"]: p["containerPort"] for p in container(docs, "Deployment", "generator")["ports"]}
@@ -234,8 +354,11 @@ def test_autoscalers_target_existing_workloads_and_never_share_one(rendered):
 
     for target in ("overlays/gpu", "overlays/cpu"):
         docs = rendered[target]
-        scaled = [(d["spec"]["scaleTargetRef"]["kind"], d["spec"]["scaleTargetRef"]["name"])
-                  for d in docs if d["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
+        scaled = [
+            (d["spec"]["scaleTargetRef"]["kind"], d["spec"]["scaleTargetRef"]["name"])
+            for d in docs
+            if d["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")
+        ]
         assert scaled and len(scaled) == len(set(scaled)), f"{target}: two autoscalers on one workload"
         for kind, name in scaled:
             find(docs, kind, name)
@@ -247,6 +370,8 @@ def test_autoscalers_target_existing_workloads_and_never_share_one(rendered):
     env = {e["name"] for e in container(docs, "Deployment", "reward")["env"]}
     assert redis_trigger["passwordFromEnv"] in env, "KEDA reads the password from the target's environment"
     prom_trigger = find(docs, "ScaledObject", "generator")["spec"]["triggers"][0]["metadata"]
-    exported = {f.name + "_total" if f.type == "counter" else f.name for f in LearnerMetrics().registry.collect()}
+    exported = {
+        f.name + "_total" if f.type == "counter" else f.name for f in LearnerMetrics().registry.collect()
+    }
     assert "asyncrlhf_learner_wait_seconds_total" in prom_trigger["query"]
     assert "asyncrlhf_learner_wait_seconds_total" in exported
