@@ -294,6 +294,21 @@ class RewardModelTrainingConfig(Section):
     )
 
 
+class LaunchConfig(Section):
+    """How `asyncrlhf up` runs the services on one machine."""
+
+    learner_procs: int = Field(1, ge=1, description="Learner processes (torchrun) on this machine.")
+    evaluator: bool = Field(True, description="Run the evaluator service alongside.")
+    restart: bool = Field(False, description="Restart a crashed service instead of stopping the run.")
+    max_restarts: int = Field(3, ge=0, description="Restarts allowed per service before the run stops.")
+    gpus: dict[str, str] = Field(
+        default_factory=dict,
+        description="CUDA_VISIBLE_DEVICES per service, e.g. {generator: '0', learner: '1,2,3'}.",
+    )
+    progress_every_s: float = Field(1.0, gt=0, description="Refresh period of the progress display.")
+    evaluator_grace_s: float = Field(600.0, gt=0, description="After the learner ends, wait this long for the last evaluation.")
+
+
 class MetricsConfig(Section):
     enabled: bool = True
 
@@ -320,6 +335,7 @@ class Config(Section):
     relabel: RelabelConfig = RelabelConfig()
     rm: RewardModelTrainingConfig = RewardModelTrainingConfig()
     metrics: MetricsConfig = MetricsConfig()
+    launch: LaunchConfig = LaunchConfig()
 
     @model_validator(mode="after")
     def _token_from_env(self) -> "Config":

@@ -283,10 +283,11 @@ def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> nn.Mod
     return scorer.to(resolve_device(device))
 
 
-def per_token_scores(scorer: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def per_token_scores(scorer: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) outputs of a 1-output sequence-classification head at every position (PPO values)."""
     backbone = getattr(scorer, scorer.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     return scorer.score(hidden).squeeze(-1)
 
 

@@ -1,8 +1,10 @@
 """Scored `RolloutGroup`s -> padded tensors the objectives train on.
 
-Every sequence is prompt + completion, right-padded to the longest in the batch: `input_ids` (B, L).
-Per-token tensors live on the *label* grid (B, T) with T = L - 1: position t holds what the model predicts
-for token t + 1 from logits at t. `mask` is 1 where that token is a completion token.
+Layout: prompts left-padded to a common width P, completions right after and right-padded to width T:
+`input_ids` (B, P + T). Every completion starts at column P, so per-token tensors are (B, T) on the
+*completion grid* (column j is completion token j, predicted by the logits at input position P - 1 + j),
+and the model computes logits for those T positions only, not for the prompts. Position ids count real
+tokens (as generation does with left padding). `mask` is 1 on real completion tokens.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
 
 @dataclass
 class SequenceBatch:
-    input_ids: torch.Tensor  # (B, L) long
-    attention_mask: torch.Tensor  # (B, L) long
-    mask: torch.Tensor  # (B, T) float, completion tokens on the label grid
+    input_ids: torch.Tensor  # (B, P + T) long
+    attention_mask: torch.Tensor  # (B, P + T) long
+    mask: torch.Tensor  # (B, T) float, real completion tokens
     behaviour_logps: torch.Tensor  # (B, T) generator's log-probs of the sampled tokens, 0 elsewhere
     scores: torch.Tensor  # (B,) rewards
     versions: torch.Tensor  # (B,) long, policy version that sampled each sequence
@@ -31,6 +33,19 @@ class SequenceBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def completion_width(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return (self.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """(B, T) completion token ids."""
+        return self.input_ids[:, -self.completion_width :]
 
     def rows(self, index: torch.Tensor | Sequence[int]) -> "SequenceBatch":
         """The sub-batch of rows `index` (every tensor and extra indexed along dim 0)."""
@@ -63,20 +78,20 @@ def build_batch(groups: Sequence[RolloutGroup], pad_id: int, corrected: Sequence
         for gi, g in enumerate(groups)
         for si, s in enumerate(g.samples)
     ]
-    length = max(len(p) + len(s.completion_token_ids) for p, s, *_ in rows)
+    width_p = max(len(p) for p, *_ in rows)
+    width_t = max(1, max(len(s.completion_token_ids) for _, s, *_ in rows))
     b = len(rows)
-    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, length), dtype=torch.long)
-    mask = torch.zeros((b, length - 1))
-    behaviour = torch.zeros((b, length - 1))
+    input_ids = torch.full((b, width_p + width_t), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width_p + width_t), dtype=torch.long)
+    mask = torch.zeros((b, width_t))
+    behaviour = torch.zeros((b, width_t))
     for i, (prompt, sample, *_rest) in enumerate(rows):
         completion = list(sample.completion_token_ids)
         n_p, n_c = len(prompt), len(completion)
-        input_ids[i, : n_p + n_c] = torch.tensor(prompt + completion, dtype=torch.long)
-        attention[i, : n_p + n_c] = 1
-        # completion token j sits at input position n_p + j and is predicted at label position n_p + j - 1
-        mask[i, n_p - 1 : n_p - 1 + n_c] = 1.0
-        behaviour[i, n_p - 1 : n_p - 1 + n_c] = torch.tensor(list(sample.logprobs)[:n_c], dtype=torch.float)
+        input_ids[i, width_p - n_p : width_p + n_c] = torch.tensor(prompt + completion, dtype=torch.long)
+        attention[i, width_p - n_p : width_p + n_c] = 1
+        mask[i, :n_c] = 1.0
+        behaviour[i, :n_c] = torch.tensor(list(sample.logprobs), dtype=torch.float)
     return SequenceBatch(
         input_ids=input_ids,
         attention_mask=attention,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from asyncrlhf.config import LearnerConfig
+from asyncrlhf.redis_server import free_port
 from asyncrlhf.weights import adapter_tensors
 
 
@@ -37,14 +37,8 @@ def init_distributed() -> tuple[int, int]:
         else:  # alone: a world of one, without writing RANK/MASTER_* into the environment children inherit
             os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; harmless to a child
             deepspeed.init_distributed(dist_backend=backend, verbose=False, auto_mpi_discovery=False,
-                                       init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+                                       init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def deepspeed_config(cfg: LearnerConfig, total_steps: int) -> dict:

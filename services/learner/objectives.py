@@ -42,6 +42,7 @@ class Objective(Protocol):
     unit: int  # rows per training item
     needs_reference: bool
     needs_values: bool
+    needs_old_logps: bool  # pre-update log-probs of every row (else only when some row is corrected)
 
     def select(self, batch: SequenceBatch) -> tuple[SequenceBatch, dict[str, float]]: ...
 
@@ -86,7 +87,7 @@ class _KLMixin:
 class OnlineDPO:
     """Online DPO (Guo et al. 2024; the async-RLHF paper's main objective): best vs worst of k by reward."""
 
-    unit, needs_reference, needs_values = 2, True, False
+    unit, needs_reference, needs_values, needs_old_logps = 2, True, False, False
 
     def __init__(self, cfg: Config):
         lc = cfg.learner
@@ -132,7 +133,7 @@ class OnlineDPO:
 class BestOfN:
     """Best-of-n fine-tuning (the seed's best-of-2): NLL of each group's highest-reward completion."""
 
-    unit, needs_reference, needs_values = 1, False, False
+    unit, needs_reference, needs_values, needs_old_logps = 1, False, False, False
 
     def __init__(self, cfg: Config):
         self.stale_policy, self.tis_cap = cfg.learner.stale_policy, cfg.learner.tis_cap
@@ -148,7 +149,7 @@ class BestOfN:
 
     def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
         weights = torch.ones_like(logps)
-        if self.stale_policy in ("tis", "decoupled"):
+        if self.stale_policy in ("tis", "decoupled") and micro.corrected.any():
             weights = A.importance_weights(micro.extras["old_logps"], _behaviour_for_correction(micro), "tis", self.tis_cap)
         loss = A.best_of_n_loss(logps * weights, micro.mask, denominator=totals.tokens)
         return LossOut(loss, None, {"nll": A.masked_mean(-logps.detach(), micro.mask)})
@@ -158,7 +159,7 @@ class PolicyGradient(_KLMixin):
     """RLOO, GRPO, Dr. GRPO and REINFORCE++(-baseline): group advantages, clipped surrogate around the
     pre-update policy, importance-weighted where stale."""
 
-    unit, needs_reference, needs_values = 1, True, False
+    unit, needs_reference, needs_values, needs_old_logps = 1, True, False, True
 
     def __init__(self, cfg: Config):
         lc = cfg.learner
@@ -210,7 +211,7 @@ class PPO(_KLMixin):
     """PPO with a value model: KL-shaped per-token rewards, GAE, clipped policy and value losses
     (Ziegler et al. 2019; Huang et al. 2024 for the details), several epochs of mini-batches per step."""
 
-    unit, needs_reference, needs_values = 1, True, True
+    unit, needs_reference, needs_values, needs_old_logps = 1, True, True, True
 
     def __init__(self, cfg: Config):
         lc = cfg.learner

@@ -73,15 +73,21 @@ class Trainer:
 
     @torch.no_grad()
     def _frozen_pass(self, rows: SequenceBatch) -> SequenceBatch:
+        """Pre-update log-probs (when the objective or a corrected row needs them), reference log-probs
+        and values, once per step."""
+        need_old = self.objective.needs_old_logps or bool(rows.corrected.any())
         old, ref, values = [], [], []
         for start in range(0, len(rows), self.micro_batch_size):
             micro = rows.rows(torch.arange(start, min(start + self.micro_batch_size, len(rows))))
-            old.append(self._logps(self.policy, micro))
+            if need_old:
+                old.append(self._logps(self.policy, micro))
             if self.objective.needs_reference:
                 ref.append(self._logps(self.reference, micro))
             if self.objective.needs_values:
                 values.append(self._values(micro))
-        extras = {"old_logps": torch.cat(old)}
+        extras = {}
+        if old:
+            extras["old_logps"] = torch.cat(old)
         if ref:
             extras["ref_logps"] = torch.cat(ref)
         if values:
@@ -89,14 +95,18 @@ class Trainer:
         return rows.with_extras(**extras)
 
     def _logps(self, model, micro: SequenceBatch) -> torch.Tensor:
-        """(B, T) log-probs of each next token, temperature applied as when sampling."""
-        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
-        return A.token_logprobs(logits.float(), micro.input_ids[:, 1:], self.temperature) * micro.mask
+        """(B, T) log-probs of the completion tokens, temperature applied as when sampling; logits only for
+        the T positions that predict them."""
+        width = micro.completion_width
+        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                       position_ids=micro.position_ids, logits_to_keep=width + 1).logits[:, :-1]
+        return A.token_logprobs(logits.float(), micro.labels, self.temperature) * micro.mask
 
     def _values(self, micro: SequenceBatch) -> torch.Tensor:
-        """(B, T) value of the state before each next token (the hidden state that predicts it)."""
-        values = per_token_scores(self.value.module, micro.input_ids, micro.attention_mask)[:, :-1]
-        return values.float() * micro.mask
+        """(B, T) value of the state before each completion token (the hidden state that predicts it)."""
+        width = micro.completion_width
+        values = per_token_scores(self.value.module, micro.input_ids, micro.attention_mask, micro.position_ids)
+        return values[:, -width - 1 : -1].float() * micro.mask
 
     # -- the update --------------------------------------------------------------------------------------
 

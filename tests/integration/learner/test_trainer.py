@@ -28,10 +28,13 @@ def make_trainer(*overrides: str, lora: bool = False):
 
 
 def sequence_logps(model, groups):
+    """Computed independently of the trainer: full logits, then the columns that predict completions."""
     batch = build_batch(groups, pad_id=0)
+    width = batch.completion_width
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    return A.sequence_logprobs(A.token_logprobs(logits, batch.input_ids[:, 1:]), batch.mask).view(len(groups), -1)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids).logits[:, -width - 1 : -1]
+    return A.sequence_logprobs(A.token_logprobs(logits, batch.labels), batch.mask).view(len(groups), -1)
 
 
 def test_online_dpo_raises_the_chosen_minus_rejected_log_ratio():

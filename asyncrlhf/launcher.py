@@ -1,0 +1,365 @@
+"""`asyncrlhf up CONFIG [overrides]`: an embedded Redis (unless `redis.url` is set) and every service as a
+local process, with live progress, per-service logs, supervision and a clean stop.
+
+Processes and supervision only: each service is its own entry point (`python -m services.<name>`), told
+its Redis URL, HTTP port and CPU threads by overrides. The learner decides when the run is done; the
+launcher then lets the evaluator finish its last evaluation, stops the rest and prints the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from asyncrlhf.config import Config, ConfigError, load_config
+from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.redis_server import free_port
+
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class Service:
+    """One supervised process."""
+
+    name: str  # e.g. "generator-0"
+    kind: str  # generator | reward | learner | evaluator
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self, lines: int = 25) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _cpu_threads(cfg: Config, kind: str) -> int:
+    """Threads for a CPU service: what the config says, else a fair share of the cores."""
+    configured = {"generator": cfg.generator.threads, "learner": cfg.learner.threads,
+                  "evaluator": cfg.evaluator.threads}.get(kind, 1)
+    if configured:
+        return configured
+    heavy = 2  # generation and training each get a share; reward and evaluator take what is left
+    return max(1, (os.cpu_count() or 2) // heavy) if kind in ("generator", "learner") else 1
+
+
+def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str) -> list[Service]:
+    """The processes of a run, in start order: reward and generators first, the learner, the evaluator."""
+    kinds = [("reward", cfg.reward.replicas), ("generator", cfg.generator.replicas), ("learner", 1)]
+    if cfg.launch.evaluator:
+        kinds.append(("evaluator", 1))
+    logs = cfg.run.path / "logs"
+    services = []
+    for kind, replicas in kinds:
+        for i in range(replicas):
+            port = free_port()
+            threads = _cpu_threads(cfg, kind)
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                   "TOKENIZERS_PARALLELISM": "false"}
+            if kind in cfg.launch.gpus:
+                env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
+            config_args = [a for f in files for a in ("--config", f)]
+            args = [*config_args, *overrides, f"redis.url={redis_url}", f"{kind}.http_port={port}"]
+            if kind in ("generator", "learner", "evaluator"):
+                args.append(f"{kind}.threads={threads}")
+            module = ["-m", f"services.{kind}"]
+            if kind == "learner" and cfg.launch.learner_procs > 1:
+                module = ["-m", "torch.distributed.run", "--standalone",
+                          f"--nproc_per_node={cfg.launch.learner_procs}", "-m", "services.learner"]
+            name = f"{kind}-{i}" if replicas > 1 or kind in ("generator", "reward") else kind
+            services.append(Service(name, kind, [sys.executable, *module, *args], env, logs / f"{name}.log", port))
+    return services
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Progress
+
+
+@dataclass
+class Snapshot:
+    """What the progress display shows, scraped from every service's /metrics."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    generator_versions: dict[str, float] = field(default_factory=dict)
+    answered: dict[str, bool] = field(default_factory=dict)
+
+
+def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
+    snap = Snapshot()
+    with httpx.Client(timeout=timeout_s) as http:
+        for svc in services:
+            try:
+                text = http.get(f"{svc.url}/metrics").text
+            except httpx.HTTPError:
+                snap.answered[svc.name] = False
+                continue
+            snap.answered[svc.name] = True
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "asyncrlhf_generator_policy_version":
+                        snap.generator_versions[svc.name] = sample.value
+                    elif not sample.labels:
+                        snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
+                    elif sample.name == "asyncrlhf_learner_queue_depth":
+                        snap.values[f"queue:{sample.labels['stream']}"] = sample.value
+    return snap
+
+
+class Progress:
+    """A live table on a terminal; a log line every 10 s elsewhere (CI, tests, files)."""
+
+    def __init__(self, total_steps: int):
+        self.total_steps, self.started = total_steps, time.monotonic()
+        self.last_tokens: tuple[float, float] | None = None
+        self.tokens_per_s = 0.0
+        self.live = None
+        self._last_line = 0.0
+        if sys.stdout.isatty():
+            from rich.live import Live
+
+            self.live = Live(refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def update(self, snap: Snapshot) -> None:
+        v = snap.values
+        now = time.monotonic()
+        tokens = v.get("asyncrlhf_generator_tokens_total", 0.0)
+        if self.last_tokens and now > self.last_tokens[1]:
+            self.tokens_per_s = (tokens - self.last_tokens[0]) / (now - self.last_tokens[1])
+        self.last_tokens = (tokens, now)
+        rows = self.rows(snap)
+        if self.live is not None:
+            from rich.table import Table
+
+            table = Table(title="asyncrlhf up", show_header=False)
+            for key, value in rows:
+                table.add_row(key, value)
+            self.live.update(table)
+        elif now - self._last_line >= 10:
+            self._last_line = now
+            print("progress: " + ", ".join(f"{k}={val}" for k, val in rows), flush=True)
+
+    def rows(self, snap: Snapshot) -> list[tuple[str, str]]:
+        v = snap.values
+        steps = v.get("asyncrlhf_learner_steps_total", 0.0)
+        elapsed = time.monotonic() - self.started
+        eta = (self.total_steps - steps) * elapsed / steps if steps else float("nan")
+        count = v.get("asyncrlhf_learner_staleness_versions_count", 0.0)
+        staleness = v.get("asyncrlhf_learner_staleness_versions_sum", 0.0) / count if count else float("nan")
+        versions = " ".join(f"{int(x)}" for x in snap.generator_versions.values()) or "-"
+        return [
+            ("step", f"{int(steps)}/{self.total_steps}"),
+            ("version", f"learner {int(v.get('asyncrlhf_learner_version', 0))}, generators {versions}"),
+            ("reward", f"{v.get('asyncrlhf_learner_reward_mean', float('nan')):.3f}"),
+            ("kl", f"{v.get('asyncrlhf_learner_kl', float('nan')):.4f}"),
+            ("staleness", f"{staleness:.2f}"),
+            ("gen tok/s", f"{self.tokens_per_s:.1f}"),
+            ("queues", " ".join(f"{k[6:]}={int(x)}" for k, x in v.items() if k.startswith("queue:")) or "-"),
+            ("gold", f"{v.get('asyncrlhf_evaluator_gold_reward', float('nan')):.3f}"),
+            ("eta", f"{eta:.0f}s" if eta == eta else "-"),
+        ]
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Supervision
+
+
+class Launcher:
+    def __init__(self, cfg: Config, files: Sequence[str], overrides: Sequence[str]):
+        self.cfg, self.files, self.overrides = cfg, list(files), list(overrides)
+        self.redis = None
+        self.services: list[Service] = []
+        self.stopping = False
+        self.failed: Service | None = None
+        self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
+
+    def run(self) -> int:
+        run_dir = self.cfg.run.path
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        url = self._redis_url()
+        self._prepare_model()
+        self.services = plan(self.cfg, self.files, self.overrides, url)
+        print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), Redis {url}",
+              flush=True)
+        for svc in self.services:
+            svc.start()
+        progress = Progress(self.cfg.learner.total_steps)
+        try:
+            code = self._supervise(progress)
+        finally:
+            progress.close()
+            self._summarise()
+            self._stop_all()
+            if self.redis is not None:
+                self.redis.stop()
+        if code == 0:
+            self._print_report()
+        return code
+
+    def _redis_url(self) -> str:
+        if self.cfg.redis.url:
+            return self.cfg.redis.url
+        from asyncrlhf.redis_server import EmbeddedRedis
+
+        data_dir = self.cfg.run.path / "redis" if self.cfg.redis.persist else None
+        self.redis = EmbeddedRedis(data_dir=data_dir).start()
+        return self.redis.url
+
+    def _prepare_model(self) -> None:
+        """Convert a GGUF once here, so the services do not all convert it at the same time."""
+        from asyncrlhf.models import resolve_model_dir
+
+        resolve_model_dir(self.cfg.model)
+
+    def _supervise(self, progress: Progress) -> int:
+        learner = next(s for s in self.services if s.kind == "learner")
+        learner_done_at = None
+        while True:
+            time.sleep(self.cfg.launch.progress_every_s)
+            if self.stopping:
+                return 130
+            for svc in self.services:
+                code = svc.proc.poll()
+                if code is None or svc is learner or (code == 0 and svc.kind == "evaluator"):
+                    continue
+                if not self._handle_crash(svc, code):
+                    return 1
+            snap = scrape(self.services)
+            for name, ok in snap.answered.items():
+                self.answered[name] = self.answered.get(name, False) or ok
+            progress.update(snap)
+            code = learner.proc.poll()
+            if code is not None and code != 0:
+                self._report_crash(learner, code)
+                return 1
+            if code == 0 and learner_done_at is None:
+                learner_done_at = time.monotonic()
+                self._snapshot = scrape(self.services)
+            if learner_done_at is not None and self._evaluator_done(learner_done_at):
+                return 0
+
+    def _evaluator_done(self, since: float) -> bool:
+        evaluator = next((s for s in self.services if s.kind == "evaluator"), None)
+        if evaluator is None or evaluator.proc.poll() is not None:
+            return True
+        return time.monotonic() - since > self.cfg.launch.evaluator_grace_s
+
+    def _handle_crash(self, svc: Service, code: int) -> bool:
+        """Restart the service if allowed; otherwise report it. Returns whether the run goes on."""
+        if self.cfg.launch.restart and svc.restarts < self.cfg.launch.max_restarts:
+            svc.restarts += 1
+            print(f"asyncrlhf up: {svc.name} exited with {code}; restarting ({svc.restarts})", flush=True)
+            svc.start()
+            return True
+        self._report_crash(svc, code)
+        return False
+
+    def _report_crash(self, svc: Service, code: int) -> None:
+        self.failed = svc
+        print(f"asyncrlhf up: {svc.name} exited with code {code}; the run stops. Last lines of {svc.log_path}:\n"
+              f"{svc.tail()}", file=sys.stderr, flush=True)
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        print("asyncrlhf up: stopping (the learner writes a checkpoint first)...", flush=True)
+
+    def _stop_all(self) -> None:
+        """The learner first (it checkpoints on SIGTERM), then everything else; SIGKILL after a grace."""
+        order = sorted(self.services, key=lambda s: s.kind != "learner")
+        for svc in order:
+            svc.signal(signal.SIGTERM)
+            if svc.kind == "learner" and svc.proc:
+                try:
+                    svc.proc.wait(timeout=STOP_GRACE_S * 4)
+                except subprocess.TimeoutExpired:
+                    pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        for svc in order:
+            if svc.proc:
+                try:
+                    svc.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    svc.signal(signal.SIGKILL)
+                    svc.proc.wait()
+
+    def _summarise(self) -> None:
+        """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator
+        served when the learner finished, and which /metrics endpoints answered during the run."""
+        snap = getattr(self, "_snapshot", None) or scrape(self.services)
+        state_file = self.cfg.run.path / "checkpoints"
+        pointer = state_file / "latest"
+        final = None
+        if pointer.is_file():
+            state = state_file / pointer.read_text().strip() / "learner_state.json"
+            final = json.loads(state.read_text())["version"] if state.is_file() else None
+        summary = {
+            "learner_version": final,
+            "generator_versions": snap.generator_versions,
+            "metrics_answered": self.answered,
+            "failed": self.failed.name if self.failed else None,
+            "services": {s.name: {"log": str(s.log_path), "url": s.url, "restarts": s.restarts} for s in self.services},
+        }
+        (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
+
+    def _print_report(self) -> None:
+        try:
+            from asyncrlhf.report import headline, write_report
+        except ImportError:
+            print("asyncrlhf up: done (the report module is not built yet)")
+            return
+        path = write_report(self.cfg.run.path)
+        h = headline(self.cfg.run.path)
+        print(f"asyncrlhf up: done. Report: {path}")
+        print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: asyncrlhf up CONFIG.yaml [key=value | --key value ...]")
+        return 0 if argv else 2
+    files, overrides = split_config_args(argv)
+    try:
+        cfg = load_config(files, overrides)
+    except ConfigError as err:
+        print(f"asyncrlhf up: {err}", file=sys.stderr)
+        return 2
+    return Launcher(cfg, files, overrides).run()
