@@ -109,9 +109,10 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
 class Snapshot:
     """What the progress display shows, scraped from every service's /metrics."""
 
-    values: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)  # unlabelled samples, summed over services
     generator_versions: dict[str, float] = field(default_factory=dict)
     answered: dict[str, bool] = field(default_factory=dict)
+    per_service: dict[str, dict[str, float]] = field(default_factory=dict)  # unlabelled samples per service
 
 
 def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
@@ -124,11 +125,13 @@ def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
                 snap.answered[svc.name] = False
                 continue
             snap.answered[svc.name] = True
+            own = snap.per_service.setdefault(svc.name, {})
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     if sample.name == "asyncrlhf_generator_policy_version":
                         snap.generator_versions[svc.name] = sample.value
                     elif not sample.labels:
+                        own[sample.name] = sample.value
                         snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
                     elif sample.name == "asyncrlhf_learner_queue_depth":
                         snap.values[f"queue:{sample.labels['stream']}"] = sample.value
@@ -140,8 +143,6 @@ class Progress:
 
     def __init__(self, total_steps: int):
         self.total_steps, self.started = total_steps, time.monotonic()
-        self.last_tokens: tuple[float, float] | None = None
-        self.tokens_per_s = 0.0
         self.live = None
         self._last_line = 0.0
         if sys.stdout.isatty():
@@ -153,10 +154,6 @@ class Progress:
     def update(self, snap: Snapshot) -> None:
         v = snap.values
         now = time.monotonic()
-        tokens = v.get("asyncrlhf_generator_tokens_total", 0.0)
-        if self.last_tokens and now > self.last_tokens[1]:
-            self.tokens_per_s = (tokens - self.last_tokens[0]) / (now - self.last_tokens[1])
-        self.last_tokens = (tokens, now)
         rows = self.rows(snap)
         if self.live is not None:
             from rich.table import Table
@@ -183,7 +180,7 @@ class Progress:
             ("reward", f"{v.get('asyncrlhf_learner_reward_mean', float('nan')):.3f}"),
             ("kl", f"{v.get('asyncrlhf_learner_kl', float('nan')):.4f}"),
             ("staleness", f"{staleness:.2f}"),
-            ("gen tok/s", f"{self.tokens_per_s:.1f}"),
+            ("gen tok/s", f"{v.get('asyncrlhf_generator_tokens_per_second', 0.0):.1f}"),
             ("queues", " ".join(f"{k[6:]}={int(x)}" for k, x in v.items() if k.startswith("queue:")) or "-"),
             ("gold", f"{v.get('asyncrlhf_evaluator_gold_reward', float('nan')):.3f}"),
             ("eta", f"{eta:.0f}s" if eta == eta else "-"),
@@ -206,6 +203,8 @@ class Launcher:
         self.stopping = False
         self.failed: Service | None = None
         self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
+        self.last_metrics: dict[str, dict[str, float]] = {}  # each service's last scraped values
+        self.started_at = time.time()
 
     def run(self) -> int:
         run_dir = self.cfg.run.path
@@ -218,6 +217,7 @@ class Launcher:
         self.services = plan(self.cfg, self.files, self.overrides, url)
         print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), Redis {url}",
               flush=True)
+        self.started_at = time.time()
         for svc in self.services:
             svc.start()
         progress = Progress(self.cfg.learner.total_steps)
@@ -264,6 +264,7 @@ class Launcher:
             snap = scrape(self.services)
             for name, ok in snap.answered.items():
                 self.answered[name] = self.answered.get(name, False) or ok
+            self.last_metrics.update(snap.per_service)
             progress.update(snap)
             code = learner.proc.poll()
             if code is not None and code != 0:
@@ -333,8 +334,10 @@ class Launcher:
             final = json.loads(state.read_text())["version"] if state.is_file() else None
         summary = {
             "learner_version": final,
+            "started_at": self.started_at,
             "generator_versions": snap.generator_versions,
             "metrics_answered": self.answered,
+            "final_metrics": self.last_metrics,
             "failed": self.failed.name if self.failed else None,
             "services": {s.name: {"log": str(s.log_path), "url": s.url, "restarts": s.restarts} for s in self.services},
         }
