@@ -67,7 +67,8 @@ class EmbeddedRedis:
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
     ):
-        self.data_dir = Path(data_dir) if data_dir is not None else None
+        # absolute: redis-server changes into --dir before it opens --logfile
+        self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         self.host, self.port, self.password = host, port, password
         self.binary = binary or find_redis_server()
         self.startup_timeout_s = startup_timeout_s

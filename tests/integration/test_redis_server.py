@@ -74,3 +74,10 @@ def test_unconfigured_url_starts_an_embedded_server(tmp_path):
     with redis_url(RedisConfig(persist=True), tmp_path) as url:
         assert redis.Redis.from_url(url).ping()
     assert (tmp_path / "appendonly.aof").exists()
+
+
+def test_relative_data_dir_works(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with EmbeddedRedis(data_dir="runs/x/redis") as server:
+        assert redis.Redis.from_url(server.url).ping()
+    assert (tmp_path / "runs/x/redis").is_dir()
