@@ -102,3 +102,14 @@ def test_stale_groups_with_tis_are_trained_with_capped_weights():
     assert 1.0 < stats["behaviour_weight"] <= 1.5
     fresh = trainer.train_step(groups, corrected=[False, False])
     assert fresh["behaviour_weight"] == pytest.approx(1.0)
+
+
+def test_zero3_trains_and_gathers_full_weights_to_push():
+    trainer, policy = make_trainer("learner.algorithm=online_dpo", "learner.deepspeed.zero_stage=3")
+    groups = scored_groups(4, 2)
+    before = engine.full_state_dict(policy.module, 3, only_adapters=False)
+    trainer.train_step(groups)
+    after = engine.full_state_dict(policy.module, 3, only_adapters=False)
+    reference = load_policy("tiny").state_dict()
+    assert {n: t.shape for n, t in after.items()} == {n: t.shape for n, t in reference.items()}
+    assert any(not torch.equal(before[n], after[n]) for n in after)  # the step changed the gathered weights
