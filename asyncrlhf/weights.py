@@ -20,7 +20,6 @@ before anything live is touched, so the receiver keeps serving its previous vers
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import threading
 import time
 import zlib
@@ -34,6 +33,7 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
+from asyncrlhf.service import is_loopback
 
 AUTH_METADATA_KEY = "authorization"
 MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
@@ -458,7 +458,7 @@ def serve(
     max_workers: int = 4,
 ) -> tuple[grpc.Server, int]:
     """Start a WeightSync server for `receiver`; returns the server and its bound port."""
-    if token is None and not allow_insecure_bind and not _is_loopback(host):
+    if token is None and not allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
     interceptors = [TokenAuthInterceptor(token)] if token else []
@@ -487,15 +487,6 @@ def add_to_server(servicer: pb_grpc.WeightSyncServicer, server: grpc.Server) -> 
 
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["WeightSync"].full_name
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------------------
