@@ -1,0 +1,256 @@
+"""`asyncrlhf audit RUN_DIR [overrides]`: did every prompt group the learner enqueued end exactly once?
+
+The learner enqueues groups `g00000000 .. g<cursor-1>` (the cursor is `asyncrlhf:<run>:feed_cursor` in
+Redis) and appends every group it trains, drops as stale or counts as dead-lettered to
+`<run dir>/consumed.jsonl` (fsynced before the ack). The audit joins the two with what Redis still holds:
+
+    trained        in consumed.jsonl as `trained`, exactly once
+    dropped        in consumed.jsonl as `dropped` (staleness over learner.max_staleness)
+    dead-lettered  in consumed.jsonl as `dead_lettered`, or in the dead-letter stream (with its reason)
+    in flight      still an entry of the prompts, rollouts or scored stream (pending or not yet read)
+    lost           none of these: a failure
+    trained twice  a failure; so is a group that ended in two ways (e.g. dead-lettered and trained)
+
+In flight is not a loss: a running run always has some, and a finished one keeps what the learner had
+enqueued beyond its last step (a resumed run trains them). Either way there may be at most the credit bound,
+`(max_staleness + 1) * groups_per_step`; more is a failure. The exit code is 0 when nothing failed, 1
+otherwise, 2 for a usage or config error.
+
+Where Redis is: `redis.url` from the config or an override; else (the embedded Redis of `asyncrlhf up`,
+stopped at the end of the run) a throw-away copy of `<run dir>/redis`, the append-only file, is loaded into
+an embedded server, so the audit never writes to the run's own files and works while the run is live.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from asyncrlhf.config import Config, ConfigError, load_config
+from asyncrlhf.config_cli import split_config_args
+
+GROUP_ID = re.compile(r"^g(\d{8,})$")
+FLOW_STREAMS = ("prompts", "rollouts", "scored")
+USAGE = """usage: asyncrlhf audit RUN_DIR [key=value ...]
+       asyncrlhf audit --config CONFIG.yaml [key=value ...] [--json]
+
+RUN_DIR is a run directory written by `asyncrlhf up` (it reads RUN_DIR/config.yaml). Without redis.url
+the audit loads a copy of RUN_DIR/redis (the append-only file). Exit 0: every group accounted for."""
+
+
+@dataclass
+class Audit:
+    """The accounting of one run. `ok` is False on any loss, double training or bound violation."""
+
+    enqueued: int
+    trained: int = 0
+    dropped: int = 0
+    dead_lettered: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)  # stream -> groups still there
+    in_flight_total: int = 0  # distinct groups in flight (a group is in one stream unless enqueued twice)
+    lost: list[str] = field(default_factory=list)
+    trained_twice: list[str] = field(default_factory=list)
+    conflicting: list[str] = field(default_factory=list)  # ended in more than one way
+    unknown: list[str] = field(default_factory=list)  # ended, but the learner never enqueued them
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)  # reason (shortened) -> entries
+    foreign_dead_letters: int = 0  # dead letters whose id is not a learner group (hand-made entries)
+    finished: bool = False
+    credit_bound: int | None = None
+
+    @property
+    def over_bound(self) -> bool:
+        return self.credit_bound is not None and self.in_flight_total > self.credit_bound
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.trained_twice or self.conflicting or self.unknown or self.over_bound)
+
+    def summary(self) -> dict:
+        return {
+            "ok": self.ok, "finished": self.finished, "enqueued": self.enqueued, "trained": self.trained,
+            "dropped": self.dropped, "dead_lettered": self.dead_lettered, "in_flight": self.in_flight,
+            "in_flight_total": self.in_flight_total, "credit_bound": self.credit_bound, "lost": self.lost,
+            "trained_twice": self.trained_twice, "conflicting": self.conflicting, "unknown": self.unknown,
+            "dead_letter_reasons": self.dead_letter_reasons, "foreign_dead_letters": self.foreign_dead_letters,
+        }
+
+
+def account(
+    enqueued: int,
+    consumed_rows: Iterable[dict],
+    dead_letters: Iterable[tuple[str, str, str]],
+    in_flight: dict[str, set[str]],
+    *,
+    finished: bool = False,
+    credit_bound: int | None = None,
+) -> Audit:
+    """Account for groups `g0 .. g<enqueued-1>`.
+
+    `consumed_rows`: the learner's consumed.jsonl rows; `dead_letters`: (stream, id, reason) of each entry
+    of the dead-letter stream; `in_flight`: stream name -> group ids still in that stream."""
+    audit = Audit(enqueued=enqueued, finished=finished, credit_bound=credit_bound)
+    trained: Counter[str] = Counter()
+    ended: dict[str, set[str]] = {}  # id -> the ways it ended
+    for row in consumed_rows:
+        for gid in row["group_ids"]:
+            ended.setdefault(gid, set()).add(row["kind"])
+            if row["kind"] == "trained":
+                trained[gid] += 1
+    reasons: Counter[str] = Counter()
+    for stream, gid, reason in dead_letters:
+        if stream not in FLOW_STREAMS or not GROUP_ID.match(gid):
+            audit.foreign_dead_letters += 1
+            continue
+        reasons[_short(reason)] += 1
+        ended.setdefault(gid, set()).add("dead_lettered")
+    audit.dead_letter_reasons = dict(reasons)
+    audit.trained_twice = sorted(g for g, n in trained.items() if n > 1)
+    audit.unknown = sorted(g for g in ended if not _enqueued(g, enqueued))
+    still = {g for ids in in_flight.values() for g in ids}
+    for i in range(enqueued):
+        gid = f"g{i:08d}"
+        kinds = ended.get(gid, set())
+        if len(kinds) > 1:
+            audit.conflicting.append(gid)
+        elif kinds:
+            kind = next(iter(kinds))
+            setattr(audit, kind, getattr(audit, kind) + 1)
+        elif gid not in still:
+            audit.lost.append(gid)
+    open_ids = {stream: {g for g in ids if g not in ended and _enqueued(g, enqueued)}
+                for stream, ids in in_flight.items()}
+    audit.in_flight = {stream: len(ids) for stream, ids in open_ids.items()}
+    audit.in_flight_total = len(set().union(*open_ids.values()))
+    return audit
+
+
+def _enqueued(gid: str, enqueued: int) -> bool:
+    match = GROUP_ID.match(gid)
+    return bool(match) and int(match.group(1)) < enqueued
+
+
+def _short(reason: str) -> str:
+    return reason.split(":")[0][:80] if reason else "(no reason)"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading a run
+
+
+def read_consumed(run_dir: Path) -> list[dict]:
+    path = run_dir / "consumed.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def audit_run(cfg: Config, client) -> Audit:
+    """The audit of `cfg`'s run, from Redis (`client`, bytes responses) and its consumed.jsonl."""
+    from asyncrlhf._proto.events_pb2 import EVENT_KIND_RUN_FINISHED, Event
+    from asyncrlhf.streams import DEAD_LETTER, run_key
+
+    key = lambda name: run_key(cfg.run.name, name)  # noqa: E731
+    enqueued = int(client.get(key("feed_cursor")) or 0)
+    dead = [(f.get(b"stream", b"").decode(), f.get(b"id", b"").decode(errors="replace"),
+             f.get(b"reason", b"").decode(errors="replace")) for _, f in client.xrange(key(DEAD_LETTER))]
+    in_flight = {name: {f.get(b"id", b"").decode(errors="replace") for _, f in client.xrange(key(name))}
+                 for name in FLOW_STREAMS}
+    finished = False
+    for _, fields in client.xrange(key("events")):
+        event = Event()
+        try:
+            event.ParseFromString(fields.get(b"pb", b""))
+        except Exception:  # noqa: BLE001 - a malformed event says nothing about the run
+            continue
+        finished = finished or event.kind == EVENT_KIND_RUN_FINISHED
+    bound = (cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step
+    return account(enqueued, read_consumed(cfg.run.path), dead, in_flight, finished=finished, credit_bound=bound)
+
+
+def connect_for_audit(cfg: Config, stack: ExitStack):
+    """A client to the run's Redis: `redis.url`, else an embedded server on a copy of the run's AOF."""
+    from asyncrlhf.redis_server import EmbeddedRedis
+    from asyncrlhf.streams import connect
+
+    if cfg.redis.url:
+        return connect(cfg.redis, retries=2)
+    aof = cfg.run.path / "redis"
+    if not aof.is_dir():
+        raise ConfigError(f"no redis.url and no append-only file in {aof}: pass redis.url=redis://HOST:PORT/0 "
+                          "of the run's Redis")
+    copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncrlhf-audit-"))) / "redis"
+    shutil.copytree(aof, copy, ignore=shutil.ignore_patterns("redis.log", "*.sock"))
+    server = stack.enter_context(EmbeddedRedis(copy, password=cfg.redis.password))
+    return connect(cfg.redis, server.url, retries=2)
+
+
+def format_audit(audit: Audit, run: str) -> str:
+    lines = [f"audit of run `{run}`: {audit.enqueued} groups enqueued"]
+    lines.append(f"  trained        {audit.trained}")
+    lines.append(f"  dropped        {audit.dropped}  (older than learner.max_staleness)")
+    lines.append(f"  dead-lettered  {audit.dead_lettered}" + "".join(
+        f"\n    {n} x {reason}" for reason, n in sorted(audit.dead_letter_reasons.items())))
+    where = ", ".join(f"{k} {v}" for k, v in audit.in_flight.items() if v) or "none"
+    state = "finished: left in the streams, never trained" if audit.finished else "run not finished"
+    lines.append(f"  in flight      {audit.in_flight_total}  ({where}; {state}; credit bound "
+                 f"{audit.credit_bound})")
+    if audit.foreign_dead_letters:
+        lines.append(f"  + {audit.foreign_dead_letters} dead letters that are not learner groups "
+                     "(written by hand or another producer)")
+    problems = [("LOST (enqueued, never ended, in no stream)", audit.lost),
+                ("TRAINED TWICE", audit.trained_twice),
+                ("ENDED IN TWO WAYS", audit.conflicting),
+                ("ENDED BUT NEVER ENQUEUED", audit.unknown)]
+    for title, ids in problems:
+        if ids:
+            lines.append(f"  {title}: {len(ids)}: {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}")
+    if audit.over_bound:
+        lines.append(f"  OVER THE CREDIT BOUND: {audit.in_flight_total} in flight > {audit.credit_bound}")
+    lines.append("OK: every group is accounted for exactly once" if audit.ok else "FAILED")
+    return "\n".join(lines)
+
+
+def load_audit_config(argv: Sequence[str]) -> Config:
+    """`RUN_DIR [overrides]` (RUN_DIR/config.yaml, run.dir pinned to RUN_DIR) or `--config X [overrides]`."""
+    args = list(argv)
+    if args and not args[0].startswith("-") and "=" not in args[0] and Path(args[0]).is_dir():
+        run_dir = Path(args[0]).resolve()
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"{run_dir} has no config.yaml; use `asyncrlhf audit --config CONFIG.yaml` instead")
+        return load_config([run_dir / "config.yaml"], [*args[1:], f"run.dir={run_dir}"])
+    files, overrides = split_config_args(args)
+    if not files:
+        raise ConfigError("give a run directory or --config CONFIG.yaml")
+    return load_config(files, overrides)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    as_json = "--json" in args
+    args = [a for a in args if a != "--json"]
+    import redis
+
+    try:
+        cfg = load_audit_config(args)
+        with ExitStack() as stack:
+            audit = audit_run(cfg, connect_for_audit(cfg, stack))
+    except ConfigError as err:
+        print(f"asyncrlhf audit: {err}", file=sys.stderr)
+        return 2
+    except redis.RedisError as err:
+        print(f"asyncrlhf audit: cannot read the run's Redis: {err}; pass redis.url= of a live server",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(audit.summary()) if as_json else format_audit(audit, cfg.run.name))
+    return 0 if audit.ok else 1
