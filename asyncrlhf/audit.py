@@ -6,7 +6,9 @@ Redis) and appends every group it trains, drops as stale or counts as dead-lette
 
     trained        in consumed.jsonl as `trained`, exactly once
     dropped        in consumed.jsonl as `dropped` (staleness over learner.max_staleness)
-    dead-lettered  in consumed.jsonl as `dead_lettered`, or in the dead-letter stream (with its reason)
+    dead-lettered  in consumed.jsonl as `dead_lettered`, or in the dead-letter stream (with its reason) and
+                   not yet counted by the learner (a dead-lettered duplicate of a group that was trained
+                   ended as trained: the learner trains an id at most once)
     in flight      still an entry of the prompts, rollouts or scored stream (pending or not yet read)
     lost           none of these: a failure
     trained twice  a failure; so is a group that ended in two ways (e.g. dead-lettered and trained)
@@ -61,7 +63,7 @@ class Audit:
     conflicting: list[str] = field(default_factory=list)  # ended in more than one way
     unknown: list[str] = field(default_factory=list)  # ended, but the learner never enqueued them
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)  # reason (shortened) -> entries
-    foreign_dead_letters: int = 0  # dead letters whose id is not a learner group (hand-made entries)
+    foreign_dead_letters: int = 0  # dead letters whose id the learner never enqueued (hand-made entries)
     finished: bool = False
     credit_bound: int | None = None
 
@@ -106,11 +108,12 @@ def account(
                 trained[gid] += 1
     reasons: Counter[str] = Counter()
     for stream, gid, reason in dead_letters:
-        if stream not in FLOW_STREAMS or not GROUP_ID.match(gid):
+        if stream not in FLOW_STREAMS or not _enqueued(gid, enqueued):
             audit.foreign_dead_letters += 1
             continue
         reasons[_short(reason)] += 1
-        ended.setdefault(gid, set()).add("dead_lettered")
+        if gid not in ended:  # not yet reaped by the learner (else consumed.jsonl says how it ended)
+            ended[gid] = {"dead_lettered"}
     audit.dead_letter_reasons = dict(reasons)
     audit.trained_twice = sorted(g for g, n in trained.items() if n > 1)
     audit.unknown = sorted(g for g in ended if not _enqueued(g, enqueued))

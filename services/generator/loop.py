@@ -25,17 +25,21 @@ from services.generator.metrics import GeneratorMetrics
 log = logging.getLogger(__name__)
 
 CONSUMER_GROUP = "generators"
+MAX_GROUP_SAMPLES = 256  # a larger k is a malformed entry, not a request to honour
 _FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
 
 
 def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> list[int]:
     """The ids to sample from: the group's own, else its text encoded (left-truncated). Raises ValueError
-    for a prompt that cannot be sampled (empty, or ids outside the vocabulary)."""
+    for a prompt that cannot be sampled (empty, too long, or ids outside the vocabulary)."""
     ids = list(prompt.prompt_token_ids)
     if not ids and prompt.prompt:
         ids = tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"][-max_prompt_tokens:]
     if not ids:
         raise ValueError(f"prompt group {prompt.group_id!r} has neither prompt_token_ids nor prompt text")
+    if len(ids) > max_prompt_tokens:  # the learner never enqueues more; sampling it could exhaust memory
+        raise ValueError(f"prompt group {prompt.group_id!r} has {len(ids)} prompt token ids, more than "
+                         f"model.max_prompt_tokens={max_prompt_tokens}")
     vocab = len(tokenizer)
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
@@ -87,8 +91,11 @@ class GeneratorLoop:
         work: list[tuple[Delivery[PromptGroup], list[int], int]] = []
         for d in deliveries:
             try:
-                work.append((d, prompt_token_ids(d.message, self.tokenizer, self.cfg.model.max_prompt_tokens),
-                             d.message.k or self.cfg.generator.samples_per_prompt))
+                k = d.message.k or self.cfg.generator.samples_per_prompt
+                if k > MAX_GROUP_SAMPLES:
+                    raise ValueError(f"prompt group {d.message.group_id!r} asks for k={k} samples, more than "
+                                     f"{MAX_GROUP_SAMPLES}")
+                work.append((d, prompt_token_ids(d.message, self.tokenizer, self.cfg.model.max_prompt_tokens), k))
             except ValueError as err:
                 log.warning("dead-lettering a prompt that cannot be sampled: %s", err)
                 self.consumer.dead_letter(d, str(err))

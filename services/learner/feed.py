@@ -8,6 +8,7 @@ are `g<cursor>`; the cursor maps to (epoch, index) in a permutation of the promp
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Sequence
 
@@ -16,6 +17,8 @@ import torch
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.streams import PromptCredits, Producer
+
+_GROUP_ID = re.compile(r"g(\d{8,})")
 
 
 class PromptFeed:
@@ -54,6 +57,12 @@ class PromptFeed:
             generator = torch.Generator().manual_seed(self.seed + epoch)
             self._orders = {epoch: torch.randperm(len(self.prompts), generator=generator).tolist()}
         return epoch, self._orders[epoch][offset]
+
+    def enqueued(self, group_id: str) -> bool:
+        """Whether this feed enqueued `group_id` (a dead letter with any other id was written by someone else
+        and must not release a credit)."""
+        match = _GROUP_ID.fullmatch(group_id)
+        return match is not None and int(match.group(1)) < self.cursor
 
     def group(self, cursor: int, version: int) -> PromptGroup:
         epoch, index = self.position(cursor)

@@ -278,8 +278,10 @@ class Learner:
         for _, fields in entries:
             ident = fields.get(b"id", b"").decode()
             stream = fields.get(b"stream", b"").decode()
-            if stream in (PROMPTS.name, ROLLOUTS.name, SCORED.name) and ident and ident not in self.consumed.ids:
+            if stream in (PROMPTS.name, ROLLOUTS.name, SCORED.name) and ident not in self.consumed.ids \
+                    and self.feed.enqueued(ident):
                 lost.append(ident)
+        lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) finishes once
         if lost:
             self.consumed.append("dead_lettered", self.state.version, lost)
             self.metrics.groups.labels("dead_lettered").inc(len(lost))

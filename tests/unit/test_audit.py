@@ -39,10 +39,17 @@ def test_training_a_group_twice_fails_even_across_restarts():
     assert not audit.ok and audit.trained_twice == ["g00000001"]
 
 
-def test_a_group_that_ended_two_ways_fails():
-    # dead-lettered on one delivery, trained from another: its credit came back twice
-    audit = account(1, rows(("trained", ["g00000000"])), [("prompts", "g00000000", "delivered 4 times")], {})
+def test_a_group_that_ended_two_ways_in_the_log_fails():
+    # logged dead-lettered, then trained from another copy: its credit came back twice
+    audit = account(1, rows(("dead_lettered", ["g00000000"]), ("trained", ["g00000000"])), [], {})
     assert not audit.ok and audit.conflicting == ["g00000000"]
+
+
+def test_a_dead_lettered_copy_of_a_trained_group_is_not_a_second_ending():
+    # one delivery timed out too often and was dead-lettered after another copy was trained: the learner
+    # skips dead letters of groups it already finished, so the group ended once, as trained
+    audit = account(1, rows(("trained", ["g00000000"])), [("prompts", "g00000000", "delivered 4 times")], {})
+    assert audit.ok and audit.trained == 1 and audit.dead_lettered == 0
 
 
 def test_a_trained_group_still_in_a_stream_is_trained_not_in_flight():
