@@ -71,10 +71,21 @@ def run_key(run: str, name: str) -> str:
     return f"asyncrlhf:{run}:{name}"
 
 
+class _Reconnect(Retry):
+    """Retries lost connections, never a refused password: redis-py's AuthenticationError is a
+    ConnectionError, and a service retrying it forever would hang silently instead of saying why."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(err: Exception) -> bool:
+            return not isinstance(err, redis.AuthenticationError) and (is_retryable is None or is_retryable(err))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def connect(cfg: RedisConfig, url: str | None = None, *, retries: int = -1) -> redis.Redis:
     """A client for `url` (default `cfg.url`) that reconnects with jittered exponential back-off, capped at
     `cfg.reconnect_max_s`, on connection errors; `retries=-1` keeps trying, as a service should while Redis
-    restarts. Responses are bytes (payloads are binary)."""
+    restarts. A wrong or missing password fails at once. Responses are bytes (payloads are binary)."""
     url = url or cfg.url
     if not url:
         raise ValueError(
@@ -82,7 +93,7 @@ def connect(cfg: RedisConfig, url: str | None = None, *, retries: int = -1) -> r
             "asyncrlhf.redis_server.EmbeddedRedis (what `asyncrlhf up` does)"
         )
     kwargs: dict = {
-        "retry": Retry(ExponentialWithJitterBackoff(cap=cfg.reconnect_max_s, base=0.05), retries),
+        "retry": _Reconnect(ExponentialWithJitterBackoff(cap=cfg.reconnect_max_s, base=0.05), retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "socket_keepalive": True,
         "health_check_interval": 30,

@@ -19,6 +19,9 @@ from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
 MAX_PROMPTS = 64
+# Below this, logits / temperature overflows float32 (inf -> NaN probabilities -> a failed request), and
+# sampling is greedy in all but name anyway.
+MIN_TEMPERATURE = 1e-3
 
 
 class CompletionRequest(BaseModel):
@@ -29,7 +32,8 @@ class CompletionRequest(BaseModel):
     model: str | None = Field(
         None, description="Ignored (accepted for OpenAI clients): the run's policy answers.")
     max_tokens: int = Field(16, ge=1, le=4096, description="Most completion tokens per choice.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0; log-probs use it too).")
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE,
+                               description="Sampling temperature (log-probs use it too); at least 1e-3.")
     top_p: float = Field(1.0, gt=0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
     n: int = Field(1, ge=1, le=16, description="Completions per prompt.")

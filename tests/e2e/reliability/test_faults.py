@@ -108,7 +108,7 @@ FAULTS = [kill_and_restart_reward, kill_and_restart_generator, kill_and_restart_
 
 @pytest.fixture
 def cluster(tmp_path):
-    c = Cluster(tmp_path)
+    c = Cluster(tmp_path, redis_password="fault-pw")  # and every service authenticates to Redis
     yield c
     c.close()
 

@@ -25,7 +25,7 @@ def app_and_backend():
     ({}, "prompt"),
     ({"prompt": ""}, "must not be empty"),
     ({"prompt": []}, "give 1 to"),
-    ({"prompt": "hi", "temperature": 0}, "greater than 0"),
+    ({"prompt": "hi", "temperature": 0}, "greater than or equal to 0.001"),
     ({"prompt": "hi", "top_p": 1.5}, "less than or equal to 1"),
     ({"prompt": "hi", "n": 0}, "greater than or equal to 1"),
     ({"prompt": "hi", "max_tokens": "many"}, "valid integer"),
