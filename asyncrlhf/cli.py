@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("asyncrlhf.stages.evaluate", "Score generations with the gold reward."),
     "report": ("asyncrlhf.report", "Write report.md and plots for a run directory."),
     "audit": ("asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."),
-    "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline."),
+    "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline, load."),
 }
 
 

@@ -9,7 +9,7 @@ import importlib
 import sys
 from typing import Sequence
 
-BENCHMARKS = ("transport", "generator", "pipeline")
+BENCHMARKS = ("transport", "generator", "pipeline", "load")
 
 
 def main(argv: Sequence[str]) -> int:
