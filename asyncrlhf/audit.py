@@ -77,11 +77,21 @@ class Audit:
 
     def summary(self) -> dict:
         return {
-            "ok": self.ok, "finished": self.finished, "enqueued": self.enqueued, "trained": self.trained,
-            "dropped": self.dropped, "dead_lettered": self.dead_lettered, "in_flight": self.in_flight,
-            "in_flight_total": self.in_flight_total, "credit_bound": self.credit_bound, "lost": self.lost,
-            "trained_twice": self.trained_twice, "conflicting": self.conflicting, "unknown": self.unknown,
-            "dead_letter_reasons": self.dead_letter_reasons, "foreign_dead_letters": self.foreign_dead_letters,
+            "ok": self.ok,
+            "finished": self.finished,
+            "enqueued": self.enqueued,
+            "trained": self.trained,
+            "dropped": self.dropped,
+            "dead_lettered": self.dead_lettered,
+            "in_flight": self.in_flight,
+            "in_flight_total": self.in_flight_total,
+            "credit_bound": self.credit_bound,
+            "lost": self.lost,
+            "trained_twice": self.trained_twice,
+            "conflicting": self.conflicting,
+            "unknown": self.unknown,
+            "dead_letter_reasons": self.dead_letter_reasons,
+            "foreign_dead_letters": self.foreign_dead_letters,
         }
 
 
@@ -128,8 +138,10 @@ def account(
             setattr(audit, kind, getattr(audit, kind) + 1)
         elif gid not in still:
             audit.lost.append(gid)
-    open_ids = {stream: {g for g in ids if g not in ended and _enqueued(g, enqueued)}
-                for stream, ids in in_flight.items()}
+    open_ids = {
+        stream: {g for g in ids if g not in ended and _enqueued(g, enqueued)}
+        for stream, ids in in_flight.items()
+    }
     audit.in_flight = {stream: len(ids) for stream, ids in open_ids.items()}
     audit.in_flight_total = len(set().union(*open_ids.values()))
     return audit
@@ -162,10 +174,18 @@ def audit_run(cfg: Config, client) -> Audit:
 
     key = lambda name: run_key(cfg.run.name, name)  # noqa: E731
     enqueued = int(client.get(key("feed_cursor")) or 0)
-    dead = [(f.get(b"stream", b"").decode(), f.get(b"id", b"").decode(errors="replace"),
-             f.get(b"reason", b"").decode(errors="replace")) for _, f in client.xrange(key(DEAD_LETTER))]
-    in_flight = {name: {f.get(b"id", b"").decode(errors="replace") for _, f in client.xrange(key(name))}
-                 for name in FLOW_STREAMS}
+    dead = [
+        (
+            f.get(b"stream", b"").decode(),
+            f.get(b"id", b"").decode(errors="replace"),
+            f.get(b"reason", b"").decode(errors="replace"),
+        )
+        for _, f in client.xrange(key(DEAD_LETTER))
+    ]
+    in_flight = {
+        name: {f.get(b"id", b"").decode(errors="replace") for _, f in client.xrange(key(name))}
+        for name in FLOW_STREAMS
+    }
     finished = False
     for _, fields in client.xrange(key("events")):
         event = Event()
@@ -175,7 +195,9 @@ def audit_run(cfg: Config, client) -> Audit:
             continue
         finished = finished or event.kind == EVENT_KIND_RUN_FINISHED
     bound = (cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step
-    return account(enqueued, read_consumed(cfg.run.path), dead, in_flight, finished=finished, credit_bound=bound)
+    return account(
+        enqueued, read_consumed(cfg.run.path), dead, in_flight, finished=finished, credit_bound=bound
+    )
 
 
 def connect_for_audit(cfg: Config, stack: ExitStack):
@@ -187,8 +209,10 @@ def connect_for_audit(cfg: Config, stack: ExitStack):
         return connect(cfg.redis, retries=2)
     aof = cfg.run.path / "redis"
     if not aof.is_dir():
-        raise ConfigError(f"no redis.url and no append-only file in {aof}: pass redis.url=redis://HOST:PORT/0 "
-                          "of the run's Redis")
+        raise ConfigError(
+            f"no redis.url and no append-only file in {aof}: pass redis.url=redis://HOST:PORT/0 "
+            "of the run's Redis"
+        )
     copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncrlhf-audit-"))) / "redis"
     shutil.copytree(aof, copy, ignore=shutil.ignore_patterns("redis.log", "*.sock"))
     server = stack.enter_context(EmbeddedRedis(copy, password=cfg.redis.password))
@@ -199,19 +223,26 @@ def format_audit(audit: Audit, run: str) -> str:
     lines = [f"audit of run `{run}`: {audit.enqueued} groups enqueued"]
     lines.append(f"  trained        {audit.trained}")
     lines.append(f"  dropped        {audit.dropped}  (older than learner.max_staleness)")
-    lines.append(f"  dead-lettered  {audit.dead_lettered}" + "".join(
-        f"\n    {n} x {reason}" for reason, n in sorted(audit.dead_letter_reasons.items())))
+    lines.append(
+        f"  dead-lettered  {audit.dead_lettered}"
+        + "".join(f"\n    {n} x {reason}" for reason, n in sorted(audit.dead_letter_reasons.items()))
+    )
     where = ", ".join(f"{k} {v}" for k, v in audit.in_flight.items() if v) or "none"
     state = "finished: left in the streams, never trained" if audit.finished else "run not finished"
-    lines.append(f"  in flight      {audit.in_flight_total}  ({where}; {state}; credit bound "
-                 f"{audit.credit_bound})")
+    lines.append(
+        f"  in flight      {audit.in_flight_total}  ({where}; {state}; credit bound {audit.credit_bound})"
+    )
     if audit.foreign_dead_letters:
-        lines.append(f"  + {audit.foreign_dead_letters} dead letters that are not learner groups "
-                     "(written by hand or another producer)")
-    problems = [("LOST (enqueued, never ended, in no stream)", audit.lost),
-                ("TRAINED TWICE", audit.trained_twice),
-                ("ENDED IN TWO WAYS", audit.conflicting),
-                ("ENDED BUT NEVER ENQUEUED", audit.unknown)]
+        lines.append(
+            f"  + {audit.foreign_dead_letters} dead letters that are not learner groups "
+            "(written by hand or another producer)"
+        )
+    problems = [
+        ("LOST (enqueued, never ended, in no stream)", audit.lost),
+        ("TRAINED TWICE", audit.trained_twice),
+        ("ENDED IN TWO WAYS", audit.conflicting),
+        ("ENDED BUT NEVER ENQUEUED", audit.unknown),
+    ]
     for title, ids in problems:
         if ids:
             lines.append(f"  {title}: {len(ids)}: {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}")
@@ -227,7 +258,9 @@ def load_audit_config(argv: Sequence[str]) -> Config:
     if args and not args[0].startswith("-") and "=" not in args[0] and Path(args[0]).is_dir():
         run_dir = Path(args[0]).resolve()
         if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"{run_dir} has no config.yaml; use `asyncrlhf audit --config CONFIG.yaml` instead")
+            raise ConfigError(
+                f"{run_dir} has no config.yaml; use `asyncrlhf audit --config CONFIG.yaml` instead"
+            )
         return load_config([run_dir / "config.yaml"], [*args[1:], f"run.dir={run_dir}"])
     files, overrides = split_config_args(args)
     if not files:
@@ -252,8 +285,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"asyncrlhf audit: {err}", file=sys.stderr)
         return 2
     except redis.RedisError as err:
-        print(f"asyncrlhf audit: cannot read the run's Redis: {err}; pass redis.url= of a live server",
-              file=sys.stderr)
+        print(
+            f"asyncrlhf audit: cannot read the run's Redis: {err}; pass redis.url= of a live server",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(audit.summary()) if as_json else format_audit(audit, cfg.run.name))
     return 0 if audit.ok else 1

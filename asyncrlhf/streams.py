@@ -77,7 +77,8 @@ class _Reconnect(Retry):
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
         def retryable(err: Exception) -> bool:
-            return not isinstance(err, redis.AuthenticationError) and (is_retryable is None or is_retryable(err))
+            refused = isinstance(err, redis.AuthenticationError)
+            return not refused and (is_retryable is None or is_retryable(err))
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 

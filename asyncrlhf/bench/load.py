@@ -75,12 +75,16 @@ def sample(client, run: str, services: Sequence[Service]) -> Sample:
     )
 
 
-def record(phase: Phase, seconds: float, every: float, client, run: str, services: Sequence[Service]) -> Phase:
+def record(
+    phase: Phase, seconds: float, every: float, client, run: str, services: Sequence[Service]
+) -> Phase:
     end = time.monotonic() + seconds
     while True:
         dead = [s.name for s in services if s.proc.poll() is not None]
         if dead:
-            raise RuntimeError(f"{', '.join(dead)} exited during `{phase.name}`; see {services[0].log_path.parent}")
+            raise RuntimeError(
+                f"{', '.join(dead)} exited during `{phase.name}`; see {services[0].log_path.parent}"
+            )
         phase.samples.append(sample(client, run, services))
         if time.monotonic() >= end:
             return phase
@@ -91,10 +95,12 @@ def describe(phase: Phase) -> str:
     s = phase.samples[-1]
     rate = lambda attr: phase.delta(attr) / phase.seconds if phase.seconds else 0.0  # noqa: E731
     queues = " ".join(f"{k}={v}" for k, v in s.queues.items())
-    return (f"{phase.name:>8}: {phase.seconds:6.0f}s  enqueued +{phase.delta('enqueued')} "
-            f"generated +{phase.delta('generated')} ({rate('generated'):.2f}/s) scored +{phase.delta('scored')} "
-            f"trained/finished +{phase.delta('finished')} ({rate('finished'):.2f}/s)  in flight "
-            f"{s.enqueued - s.finished}  queues {queues}")
+    return (
+        f"{phase.name:>8}: {phase.seconds:6.0f}s  enqueued +{phase.delta('enqueued')} "
+        f"generated +{phase.delta('generated')} ({rate('generated'):.2f}/s) scored +{phase.delta('scored')} "
+        f"trained/finished +{phase.delta('finished')} ({rate('finished'):.2f}/s)  in flight "
+        f"{s.enqueued - s.finished}  queues {queues}"
+    )
 
 
 def rss_growth(phase: Phase) -> dict[str, float]:
@@ -118,17 +124,27 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str]) -> int:
     args, overrides = parse_args(argv)
     run_dir = Path(args.dir or tempfile.mkdtemp(prefix="asyncrlhf-load-")).resolve()
-    overrides = [f"run.name=load-{int(time.time())}", f"run.dir={run_dir}", f"generator.replicas={args.generators}",
-                 f"reward.replicas={args.rewards}", "launch.evaluator=false", "learner.total_steps=1000000",
-                 "learner.checkpoint_every=1000000", *overrides]
+    overrides = [
+        f"run.name=load-{int(time.time())}",
+        f"run.dir={run_dir}",
+        f"generator.replicas={args.generators}",
+        f"reward.replicas={args.rewards}",
+        "launch.evaluator=false",
+        "learner.total_steps=1000000",
+        "learner.checkpoint_every=1000000",
+        *overrides,
+    ]
     cfg = load_config([args.config], overrides)
     bound = (cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step
     with EmbeddedRedis(run_dir / "redis") as server:
         client = connect(cfg.redis, server.url, retries=3)
         services = plan(cfg, [args.config], overrides, server.url)
         learner = next(s for s in services if s.kind == "learner")
-        print(f"bench load: {args.generators} generators, {args.rewards} reward replicas, learner; credit bound "
-              f"{bound} groups; logs in {run_dir / 'logs'}", flush=True)
+        print(
+            f"bench load: {args.generators} generators, {args.rewards} reward replicas, learner; bound "
+            f"{bound} groups; logs in {run_dir / 'logs'}",
+            flush=True,
+        )
         for svc in services:
             svc.start()
         try:
@@ -157,23 +173,28 @@ def _measure(args, cfg, client, services, learner, bound) -> int:
     resumed = record(Phase("resumed"), args.after_s, args.sample_s, client, cfg.run.name, services)
     for phase in (running, stalled, resumed):
         print(describe(phase))
-    settled = Phase("settled", stalled.samples[len(stalled.samples) // 2:])  # the stall's second half
+    settled = Phase("settled", stalled.samples[len(stalled.samples) // 2 :])  # the stall's second half
     growth = rss_growth(stalled)
-    print("RSS MB at stall start -> end (growth): " + ", ".join(
-        f"{n} {stalled.samples[0].rss_mb[n]:.0f}->{stalled.samples[-1].rss_mb[n]:.0f} ({g:+.1f})"
-        for n, g in growth.items()))
+    print(
+        "RSS MB at stall start -> end (growth): "
+        + ", ".join(
+            f"{n} {stalled.samples[0].rss_mb[n]:.0f}->{stalled.samples[-1].rss_mb[n]:.0f} ({g:+.1f})"
+            for n, g in growth.items()
+        )
+    )
     in_flight = max(s.enqueued - s.finished for s in stalled.samples)
     queued = max(sum(s.queues.values()) for s in stalled.samples)
+    late_generated = settled.delta("generated")
+    queues_then, queues_now = settled.samples[0].queues, settled.samples[-1].queues
+    most_growth = max(growth.values())
     checks = {
         f"no group enqueued while stalled (+{stalled.delta('enqueued')})": stalled.delta("enqueued") == 0,
         f"in flight <= credit bound ({in_flight} <= {bound})": in_flight <= bound,
         f"queued entries <= credit bound ({queued} <= {bound})": queued <= bound,
-        f"generation stopped in the stall's second half (+{settled.delta('generated')})":
-            settled.delta("generated") == 0,
-        f"queue lengths flat in the stall's second half ({settled.samples[0].queues} -> "
-        f"{settled.samples[-1].queues})": settled.samples[0].queues == settled.samples[-1].queues,
-        f"every process's RSS grew < {RSS_FLAT_MB:.0f} MB while stalled (max {max(growth.values()):+.1f})":
-            max(growth.values()) < RSS_FLAT_MB,
+        f"generation stopped in the stall's second half (+{late_generated})": late_generated == 0,
+        f"queues flat in the stall's second half ({queues_then} -> {queues_now})": queues_then == queues_now,
+        f"every process's RSS grew < {RSS_FLAT_MB:.0f} MB while stalled (max {most_growth:+.1f})":
+            most_growth < RSS_FLAT_MB,
         f"training resumed (+{resumed.delta('finished')} groups finished)": resumed.delta("finished") > 0,
     }
     learner.signal(signal.SIGTERM)

@@ -95,7 +95,8 @@ class GeneratorLoop:
                 if k > MAX_GROUP_SAMPLES:
                     raise ValueError(f"prompt group {d.message.group_id!r} asks for k={k} samples, more than "
                                      f"{MAX_GROUP_SAMPLES}")
-                work.append((d, prompt_token_ids(d.message, self.tokenizer, self.cfg.model.max_prompt_tokens), k))
+                ids = prompt_token_ids(d.message, self.tokenizer, self.cfg.model.max_prompt_tokens)
+                work.append((d, ids, k))
             except ValueError as err:
                 log.warning("dead-lettering a prompt that cannot be sampled: %s", err)
                 self.consumer.dead_letter(d, str(err))

@@ -16,8 +16,11 @@ def test_a_clean_run_accounts_for_every_group():
     # flight (scored, rollouts); the hand-made dead letter `junk` is reported apart and harms nothing.
     audit = account(
         6,
-        rows(("trained", ["g00000000", "g00000001"]), ("dropped", ["g00000002"]),
-             ("dead_lettered", ["g00000003"])),
+        rows(
+            ("trained", ["g00000000", "g00000001"]),
+            ("dropped", ["g00000002"]),
+            ("dead_lettered", ["g00000003"]),
+        ),
         [("rollouts", "g00000003", "cannot decode RolloutGroup: Error parsing"), ("prompts", "junk", "x")],
         {"prompts": set(), "rollouts": {"g00000005"}, "scored": {"g00000004"}},
         credit_bound=4,

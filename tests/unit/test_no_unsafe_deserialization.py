@@ -17,7 +17,9 @@ UNSAFE_YAML = {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load"
 
 
 def _keyword_is(call: ast.Call, name: str, value) -> bool:
-    return any(k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is value for k in call.keywords)
+    return any(
+        k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is value for k in call.keywords
+    )
 
 
 def _dotted(node: ast.AST) -> str:
@@ -52,11 +54,15 @@ def findings(source: str, where: str) -> list[str]:
 
 
 def test_the_checker_catches_each_pattern():
-    planted = ("import pickle\nfrom dill import loads\neval(x)\nexec(y)\ntorch.load(p)\n"
-               "torch.load(p, weights_only=False)\nnp.load(p, allow_pickle=True)\nyaml.load(s)\n"
-               "AutoModel.from_pretrained(p, trust_remote_code=True)\n")
+    planted = (
+        "import pickle\nfrom dill import loads\neval(x)\nexec(y)\ntorch.load(p)\n"
+        "torch.load(p, weights_only=False)\nnp.load(p, allow_pickle=True)\nyaml.load(s)\n"
+        "AutoModel.from_pretrained(p, trust_remote_code=True)\n"
+    )
     assert len(findings(planted, "planted")) == 9
-    harmless = "model.eval()\ntorch.load(p, weights_only=True)\nyaml.safe_load(s)\nnp.load(p)\nre.compile('x')\n"
+    harmless = (
+        "model.eval()\ntorch.load(p, weights_only=True)\nyaml.safe_load(s)\nnp.load(p)\nre.compile('x')\n"
+    )
     assert findings(harmless, "harmless") == []
 
 

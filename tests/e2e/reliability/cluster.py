@@ -27,9 +27,19 @@ T = TypeVar("T")
 
 # Short timeouts so faults are noticed in seconds: entries pending on a dead consumer are re-claimed after
 # 1 s, a silent generator leaves the registry after 6 s, a push to a stalled one gives up after 2 s.
-FAST = ["redis.claim_idle_ms=1000", "redis.block_ms=200", "redis.reconnect_max_s=1", "generator.heartbeat_s=0.5",
-        "generator.registry_ttl_s=6", "learner.push_timeout_s=2", "learner.total_steps=100000",
-        "learner.checkpoint_every=3", "generator.device=cpu", "generator.threads=1", "learner.threads=1"]
+FAST = [
+    "redis.claim_idle_ms=1000",
+    "redis.block_ms=200",
+    "redis.reconnect_max_s=1",
+    "generator.heartbeat_s=0.5",
+    "generator.registry_ttl_s=6",
+    "learner.push_timeout_s=2",
+    "learner.total_steps=100000",
+    "learner.checkpoint_every=3",
+    "generator.device=cpu",
+    "generator.threads=1",
+    "learner.threads=1",
+]
 
 
 @dataclass
@@ -42,10 +52,16 @@ class Proc:
     popen: subprocess.Popen | None = None
 
     def start(self) -> "Proc":
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         with self.log_path.open("ab") as log:
-            self.popen = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return self
 
     @property
@@ -97,8 +113,13 @@ class Cluster:
         self.dir = tmp_path / "run"
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         self.redis = EmbeddedRedis(self.dir / "redis", password=redis_password).start()
-        self.overrides = [f"run.name={self.run}", f"run.dir={self.dir}", f"redis.url={self.redis.url}", *FAST,
-                          *overrides]
+        self.overrides = [
+            f"run.name={self.run}",
+            f"run.dir={self.dir}",
+            f"redis.url={self.redis.url}",
+            *FAST,
+            *overrides,
+        ]
         self.cfg = load_config([ROOT / "configs/tiny.yaml"], self.overrides)
         # what `asyncrlhf up` writes, so `asyncrlhf audit RUN_DIR` finds the run's config
         (self.dir / "config.yaml").write_text(self.cfg.to_yaml())
@@ -107,12 +128,20 @@ class Cluster:
     # -- processes ---------------------------------------------------------------------------------------
 
     def start(self, name: str, *extra: str) -> Proc:
-        """Start (or restart, same name and port) service `name` (`learner`, `generator-0`, `reward-1`, ...)."""
+        """Start (or restart, same name and port) service `name`: `learner`, `generator-0`, `reward-1`..."""
         kind = name.split("-")[0]
         old = self.procs.get(name)
         port = old.http_port if old else free_port()
-        argv = [sys.executable, "-m", f"services.{kind}", "--config", "configs/tiny.yaml", *self.overrides,
-                f"{kind}.http_port={port}", *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            f"services.{kind}",
+            "--config",
+            "configs/tiny.yaml",
+            *self.overrides,
+            f"{kind}.http_port={port}",
+            *extra,
+        ]
         proc = Proc(name, kind, argv, self.dir / "logs" / f"{name}.log", port).start()
         self.procs[name] = proc
         return proc
@@ -127,8 +156,9 @@ class Cluster:
     def check_alive(self, *except_: str) -> None:
         dead = [p for n, p in self.procs.items() if n not in except_ and not p.alive]
         if dead:
-            raise AssertionError("\n\n".join(f"{p.name} exited with {p.popen.returncode}:\n{p.log_tail()}"
-                                             for p in dead))
+            raise AssertionError(
+                "\n\n".join(f"{p.name} exited with {p.popen.returncode}:\n{p.log_tail()}" for p in dead)
+            )
 
     def close(self) -> None:
         for proc in sorted(self.procs.values(), key=lambda p: p.kind != "learner"):
@@ -151,7 +181,9 @@ class Cluster:
         pointer = self.dir / "checkpoints" / "latest"
         return pointer.read_text().strip() if pointer.exists() else None
 
-    def wait(self, condition: Callable[[], T], what: str, timeout_s: float = 240, allow_dead: tuple = ()) -> T:
+    def wait(
+        self, condition: Callable[[], T], what: str, timeout_s: float = 240, allow_dead: tuple = ()
+    ) -> T:
         deadline = time.monotonic() + timeout_s
         while True:
             self.check_alive(*allow_dead)
@@ -169,10 +201,24 @@ class Cluster:
         return target
 
     def audit(self, *extra: str) -> dict:
-        """`asyncrlhf audit RUN_DIR redis.url=... --json` as a user runs it; fails the test unless it exits 0."""
-        cmd = [sys.executable, "-m", "asyncrlhf.cli", "audit", str(self.dir), f"redis.url={self.redis.url}",
-               *extra, "--json"]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        """`asyncrlhf audit RUN_DIR redis.url=... --json` as a user runs it; fails the test unless it is 0."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "asyncrlhf.cli",
+            "audit",
+            str(self.dir),
+            f"redis.url={self.redis.url}",
+            *extra,
+            "--json",
+        ]
+        done = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert done.returncode == 0, f"audit failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
         return json.loads(done.stdout)

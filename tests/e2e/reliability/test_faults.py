@@ -2,8 +2,9 @@
 `asyncrlhf audit`: every group the learner enqueued is trained once, dropped or dead-lettered, or still in
 flight within the credit bound; nothing is lost and nothing is trained twice.
 
-CI runs `test_every_fault_in_one_run` (the five faults one after another on one run, a few steps each);
-the `slow` tests give each fault a run of its own.
+CI runs `test_every_fault_in_one_run`: the five faults one after another on one run (a password-protected
+Redis), a few steps each, then the bad entries of bad_input.py; the `slow` tests give each fault a
+run of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from tests.e2e.reliability.cluster import Cluster
+from tests.e2e.reliability.bad_input import BAD_ENTRIES, inject_bad_entries
 
 pytestmark = pytest.mark.e2e
 
@@ -28,13 +30,17 @@ def assert_audit(cluster: Cluster) -> dict:
 def kill_and_restart_reward(c: Cluster) -> None:
     """SIGKILL a reward replica mid-run: the other one (and re-claim of its pending groups) keeps training
     going; restarted, it scores again."""
-    c.wait(lambda: c.procs["reward-0"].metrics().get("asyncrlhf_reward_groups_scored_total", 0) > 0,
-           "reward-0 to score something")
+    c.wait(
+        lambda: c.procs["reward-0"].metrics().get("asyncrlhf_reward_groups_scored_total", 0) > 0,
+        "reward-0 to score something",
+    )
     c.procs["reward-0"].kill()
     c.wait_steps(2, "with reward-0 dead", allow_dead=("reward-0",))
     c.start("reward-0")
-    c.wait(lambda: c.procs["reward-0"].metrics().get("asyncrlhf_reward_groups_scored_total", 0) > 0,
-           "the restarted reward-0 to score")
+    c.wait(
+        lambda: c.procs["reward-0"].metrics().get("asyncrlhf_reward_groups_scored_total", 0) > 0,
+        "the restarted reward-0 to score",
+    )
     assert_audit(c)
 
 
@@ -48,8 +54,12 @@ def kill_and_restart_generator(c: Cluster) -> None:
         m, learner = c.procs["generator-0"].metrics(), c.procs["learner"].metrics()
         version = next((v for k, v in m.items() if k.startswith("asyncrlhf_generator_policy_version")), 0)
         # it serves the version the learner held when it joined (or a later one), and generates with it
-        return version >= 1 and m.get("asyncrlhf_generator_groups_total", 0) > 0 and \
-            version >= learner.get("asyncrlhf_learner_version", 1e9) - 2
+        return (
+            version >= 1
+            and m.get("asyncrlhf_generator_groups_total", 0) > 0
+            and version >= learner.get("asyncrlhf_learner_version", 1e9) - 2
+        )
+
     c.wait(rejoined, "the restarted generator-0 to receive the current weights and generate")
     assert_audit(c)
 
@@ -57,13 +67,20 @@ def kill_and_restart_generator(c: Cluster) -> None:
 def kill_and_restart_learner(c: Cluster) -> None:
     """SIGKILL the learner right after a checkpoint; restarted, it resumes at that version."""
     before = c.latest_checkpoint()
-    checkpoint = c.wait(lambda: (c.latest_checkpoint() or None) if c.latest_checkpoint() != before else None,
-                        "a new checkpoint")
+    checkpoint = c.wait(
+        lambda: (c.latest_checkpoint() or None) if c.latest_checkpoint() != before else None,
+        "a new checkpoint",
+    )
     c.procs["learner"].kill()
     version = int(checkpoint.split("-")[1])  # step-XXXXXX holds version XXXXXX
     c.start("learner")
-    c.wait(lambda: f"at version {version}" in c.procs["learner"].log_path.read_text() or
-           "resumed from" in c.procs["learner"].log_path.read_text(), "the learner to resume")
+    c.wait(
+        lambda: (
+            f"at version {version}" in c.procs["learner"].log_path.read_text()
+            or "resumed from" in c.procs["learner"].log_path.read_text()
+        ),
+        "the learner to resume",
+    )
     log = c.procs["learner"].log_path.read_text()
     resumed = [line for line in log.splitlines() if "resumed from" in line][-1]
     assert resumed.endswith(f"at version {version}") or f"step-{version:06d}" in resumed, resumed
@@ -90,20 +107,30 @@ def stall_generator(c: Cluster) -> None:
     gen.signal(signal.SIGSTOP)
     try:
         c.wait_steps(2, "with generator-0 stalled")
-        failures = {k: v for k, v in c.procs["learner"].metrics().items()
-                    if k.startswith("asyncrlhf_learner_push_failures_total") and "status=unreachable" in k}
+        failures = {
+            k: v
+            for k, v in c.procs["learner"].metrics().items()
+            if k.startswith("asyncrlhf_learner_push_failures_total") and "status=unreachable" in k
+        }
         assert failures, "no push to the stalled generator timed out"
     finally:
         gen.signal(signal.SIGCONT)
-    c.wait(lambda: gen.metrics().get("asyncrlhf_generator_groups_total", 0) > 0, "generator-0 to answer again")
+    c.wait(
+        lambda: gen.metrics().get("asyncrlhf_generator_groups_total", 0) > 0, "generator-0 to answer again"
+    )
     max_staleness = c.cfg.learner.max_staleness
     trained = [s for r in c.consumed() if r["kind"] == "trained" for s in r["staleness"]]
     assert max(trained) <= max_staleness, f"trained a group {max(trained)} versions old"
     assert_audit(c)
 
 
-FAULTS = [kill_and_restart_reward, kill_and_restart_generator, kill_and_restart_learner, restart_redis,
-          stall_generator]
+FAULTS = [
+    kill_and_restart_reward,
+    kill_and_restart_generator,
+    kill_and_restart_learner,
+    restart_redis,
+    stall_generator,
+]
 
 
 @pytest.fixture
@@ -118,9 +145,11 @@ def test_every_fault_in_one_run(cluster):
     cluster.wait_steps(1, "to start", timeout_s=300)
     for fault in FAULTS:
         fault(cluster)
+    inject_bad_entries(cluster)
     cluster.procs["learner"].stop()
     report = assert_audit(cluster)
-    assert report["dead_lettered"] == 0 and report["dead_letter_reasons"] == {}, report
+    # no real group was dead-lettered: the faults lost nothing, and the bad entries are counted apart
+    assert report["dead_lettered"] == 0 and report["foreign_dead_letters"] == BAD_ENTRIES, report
 
 
 @pytest.mark.slow

@@ -13,9 +13,34 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_bench_load_holds_every_check_on_a_short_run(tmp_path):
-    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "load", "--generators", "2", "--rewards", "2",
-           "--run-s", "20", "--stall-s", "24", "--after-s", "15", "--dir", str(tmp_path / "run")]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrlhf.cli",
+        "bench",
+        "load",
+        "--generators",
+        "2",
+        "--rewards",
+        "2",
+        "--run-s",
+        "20",
+        "--stall-s",
+        "24",
+        "--after-s",
+        "15",
+        "--dir",
+        str(tmp_path / "run"),
+    ]
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "FAIL" not in done.stdout and "OK: every group is accounted for" in done.stdout, done.stdout[-4000:]
+    assert "FAIL" not in done.stdout and "OK: every group is accounted for" in done.stdout, done.stdout[
+        -4000:
+    ]

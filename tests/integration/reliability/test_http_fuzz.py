@@ -32,13 +32,25 @@ def generator_app():
     tokenizer = load_tokenizer(cfg.model)
     backend = HFBackend.from_config(cfg, tokenizer)
     backend.apply_weights(load_policy(cfg.model).state_dict(), version=1)
-    return make_http_app(cfg, GeneratorMetrics("gen-fuzz"), backend, BackendGate(), tokenizer, "gen-fuzz",
-                         ready=lambda: (True, "ok"))
+    return make_http_app(
+        cfg,
+        GeneratorMetrics("gen-fuzz"),
+        backend,
+        BackendGate(),
+        tokenizer,
+        "gen-fuzz",
+        ready=lambda: (True, "ok"),
+    )
 
 
 def reward_app():
-    cfg = RewardConfig(scorers=[ScorerConfig(kind="rule", name="sentiment"),
-                                ScorerConfig(kind="rule", name="exact_match", weight=0.5)], max_request_items=8)
+    cfg = RewardConfig(
+        scorers=[
+            ScorerConfig(kind="rule", name="sentiment"),
+            ScorerConfig(kind="rule", name="exact_match", weight=0.5),
+        ],
+        max_request_items=8,
+    )
     state = ServingState()
     state.set_ready(build_reward(cfg), lambda: True)
     return create_app(state, RewardMetrics(), token=TOKEN, max_items=cfg.max_request_items)
@@ -62,7 +74,8 @@ def clamp_cost(case) -> None:
 def assert_no_server_error(case) -> None:
     response = case.call(headers=AUTH, timeout=120)
     assert response.status_code < 500, (
-        f"{case.method} {case.path} -> {response.status_code}: {response.text[:500]}\nbody: {case.body!r}")
+        f"{case.method} {case.path} -> {response.status_code}: {response.text[:500]}\nbody: {case.body!r}"
+    )
 
 
 @generator_schema.parametrize()

@@ -28,9 +28,22 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def service(kind: str, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", f"services.{kind}", "--config", "configs/tiny.yaml",
-                             "generator.device=cpu", *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            f"services.{kind}",
+            "--config",
+            "configs/tiny.yaml",
+            "generator.device=cpu",
+            *overrides,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
@@ -42,11 +55,14 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("kind, override", [
-    ("reward", "reward.http_host=0.0.0.0"),
-    ("generator", "generator.http_host=0.0.0.0"),
-    ("generator", "generator.grpc_host=0.0.0.0"),
-])
+@pytest.mark.parametrize(
+    "kind, override",
+    [
+        ("reward", "reward.http_host=0.0.0.0"),
+        ("generator", "generator.http_host=0.0.0.0"),
+        ("generator", "generator.grpc_host=0.0.0.0"),
+    ],
+)
 def test_a_non_loopback_bind_without_a_token_refuses_to_start(redis_url, run_name, kind, override):
     code, out = finish(service(kind, f"redis.url={redis_url}", f"run.name={run_name}", override))
     assert code == 2, out[-3000:]
@@ -56,8 +72,14 @@ def test_a_non_loopback_bind_without_a_token_refuses_to_start(redis_url, run_nam
 @pytest.mark.parametrize("permission", ["run.allow_insecure_bind=true", "run.token=s3cret"])
 def test_the_same_bind_starts_with_a_token_or_explicit_permission(redis_url, run_name, permission):
     port = free_port()
-    proc = service("reward", f"redis.url={redis_url}", f"run.name={run_name}", "reward.http_host=0.0.0.0",
-                   f"reward.http_port={port}", permission)
+    proc = service(
+        "reward",
+        f"redis.url={redis_url}",
+        f"run.name={run_name}",
+        "reward.http_host=0.0.0.0",
+        f"reward.http_port={port}",
+        permission,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -99,31 +121,68 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "asyncrlhf-test")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     return cert_path, key_path
 
 
 @pytest.fixture
 def tls_redis(tmp_path):
-    """redis-server on a TLS-only port with a password; yields (rediss:// URL without the password, CA file)."""
-    pytest.importorskip("cryptography", reason="needs the cryptography package (the dev extra) for a test cert")
+    """redis-server on a TLS-only port with a password; yields (rediss:// URL, no password in it; CA file)."""
+    pytest.importorskip(
+        "cryptography", reason="needs the cryptography package (the dev extra) for a test cert"
+    )
     cert, key = self_signed(tmp_path)
     port = free_port()
-    proc = subprocess.Popen([find_redis_server(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-                             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file",
-                             str(cert), "--tls-auth-clients", "no", "--requirepass", "tls-pw", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            find_redis_server(),
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(cert),
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            "tls-pw",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"rediss://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, password="tls-pw", ssl_ca_certs=str(cert))
     deadline = time.monotonic() + 10
@@ -160,10 +219,29 @@ def test_a_reward_service_scores_over_tls(tls_redis, run_name):
     cfg = RedisConfig(url=url, password="tls-pw", tls_ca_certs=str(ca), block_ms=100)
     streams = RunStreams(connect(cfg), run_name, cfg)
     prompt = PromptGroup(group_id="g-tls", prompt="Say something", k=1)
-    streams.producer(ROLLOUTS).add(RolloutGroup(group_id="g-tls", prompt=prompt, policy_version=1, samples=[
-        Sample(completion_token_ids=[5], logprobs=[-1.0], finish_reason=FINISH_REASON_STOP, text="I love it")]))
-    proc = service("reward", f"redis.url={url}", "redis.password=tls-pw", f"redis.tls_ca_certs={ca}",
-                   f"run.name={run_name}", "redis.block_ms=100")
+    streams.producer(ROLLOUTS).add(
+        RolloutGroup(
+            group_id="g-tls",
+            prompt=prompt,
+            policy_version=1,
+            samples=[
+                Sample(
+                    completion_token_ids=[5],
+                    logprobs=[-1.0],
+                    finish_reason=FINISH_REASON_STOP,
+                    text="I love it",
+                )
+            ],
+        )
+    )
+    proc = service(
+        "reward",
+        f"redis.url={url}",
+        "redis.password=tls-pw",
+        f"redis.tls_ca_certs={ca}",
+        f"run.name={run_name}",
+        "redis.block_ms=100",
+    )
     try:
         deadline = time.monotonic() + 120
         while not streams.stats(SCORED, "learner").length:

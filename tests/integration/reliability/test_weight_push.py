@@ -31,23 +31,34 @@ class Target:
         self.run = f"test-push-{uuid.uuid4().hex[:8]}"
         self.client = redis.Redis.from_url(url)
         self.process = GeneratorProcess(url, self.run, f"run.token={TOKEN}")
-        (member,) = wait_for(lambda: members(self.client, self.run), "the generator to register",
-                             START_TIMEOUT_S, [self.process])
+        (member,) = wait_for(
+            lambda: members(self.client, self.run),
+            "the generator to register",
+            START_TIMEOUT_S,
+            [self.process],
+        )
         self.channel = grpc.insecure_channel(member.address, options=GRPC_OPTIONS)
         self.tensors = prepare(load_policy(CFG.model).state_dict(), "float32")
 
     def messages(self, version: int, tensors=None) -> list[pb.WeightChunk]:
-        return [pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors or self.tensors, version, CHUNK)]
+        return [
+            pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors or self.tensors, version, CHUNK)
+        ]
 
     def push(self, messages, token: str | None = TOKEN):
         raws = [m if isinstance(m, bytes) else m.SerializeToString() for m in messages]
-        call = self.channel.stream_unary(f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
+        call = self.channel.stream_unary(
+            f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString
+        )
         metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
         return call(iter(raws), timeout=60, metadata=metadata)
 
     def version(self, token: str | None = TOKEN) -> int:
-        call = self.channel.unary_unary(f"/{SERVICE}/GetStatus", request_serializer=pb.GetStatusRequest.SerializeToString,
-                                        response_deserializer=pb.GetStatusReply.FromString)
+        call = self.channel.unary_unary(
+            f"/{SERVICE}/GetStatus",
+            request_serializer=pb.GetStatusRequest.SerializeToString,
+            response_deserializer=pb.GetStatusReply.FromString,
+        )
         metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
         return call(pb.GetStatusRequest(), timeout=30, metadata=metadata).version
 
@@ -106,7 +117,7 @@ def only_first(ms, partial=False):
 
 
 def version_changes(ms):
-    for m in ms[len(ms) // 2:]:
+    for m in ms[len(ms) // 2 :]:
         m.version += 1
     return ms
 
@@ -114,21 +125,42 @@ def version_changes(ms):
 REJECTIONS = {
     # case: (build the messages from a valid push of version v, expected status, reason in the details)
     "stale_version": (lambda t, v: t.messages(1), grpc.StatusCode.FAILED_PRECONDITION, "stale_version"),
-    "version_changes_mid_push": (lambda t, v: version_changes(t.messages(v)), grpc.StatusCode.FAILED_PRECONDITION,
-                                 "changed mid-push"),
-    "unknown_tensor": (lambda t, v: rename(t.messages(v), "model.no_such.weight"), grpc.StatusCode.NOT_FOUND,
-                       "unknown_tensor"),
-    "shape_mismatch": (lambda t, v: set_first(t.messages(v), shape=[3, 3]), grpc.StatusCode.INVALID_ARGUMENT,
-                       "shape_mismatch"),
-    "dtype_mismatch": (lambda t, v: set_first(t.messages(v), dtype=pb.DTYPE_INT64),
-                       grpc.StatusCode.INVALID_ARGUMENT, "dtype_mismatch"),
+    "version_changes_mid_push": (
+        lambda t, v: version_changes(t.messages(v)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "changed mid-push",
+    ),
+    "unknown_tensor": (
+        lambda t, v: rename(t.messages(v), "model.no_such.weight"),
+        grpc.StatusCode.NOT_FOUND,
+        "unknown_tensor",
+    ),
+    "shape_mismatch": (
+        lambda t, v: set_first(t.messages(v), shape=[3, 3]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "shape_mismatch",
+    ),
+    "dtype_mismatch": (
+        lambda t, v: set_first(t.messages(v), dtype=pb.DTYPE_INT64),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "dtype_mismatch",
+    ),
     "bad_offset": (lambda t, v: t.messages(v)[1:], grpc.StatusCode.INVALID_ARGUMENT, "bad_offset"),
-    "duplicate_tensor": (lambda t, v: duplicate_first(t.messages(v)), grpc.StatusCode.INVALID_ARGUMENT,
-                         "duplicate_tensor"),
-    "tensor_count": (lambda t, v: t.messages(v)[:-1] + [pb.WeightChunk(version=v, commit=True, tensor_count=1)],
-                     grpc.StatusCode.INVALID_ARGUMENT, "tensor_count"),
-    "missing_tensors": (lambda t, v: only_first(t.messages(v)), grpc.StatusCode.INVALID_ARGUMENT,
-                        "missing_tensors"),
+    "duplicate_tensor": (
+        lambda t, v: duplicate_first(t.messages(v)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "duplicate_tensor",
+    ),
+    "tensor_count": (
+        lambda t, v: t.messages(v)[:-1] + [pb.WeightChunk(version=v, commit=True, tensor_count=1)],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "tensor_count",
+    ),
+    "missing_tensors": (
+        lambda t, v: only_first(t.messages(v)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "missing_tensors",
+    ),
     "bad_checksum": (lambda t, v: flip_a_byte(t.messages(v)), grpc.StatusCode.DATA_LOSS, "bad_checksum"),
     "truncated": (lambda t, v: t.messages(v)[:-1], grpc.StatusCode.DATA_LOSS, "truncated"),
     "undecodable_bytes": (lambda t, v: [b"\xff\xff\xff\xff"], None, ""),
@@ -144,7 +176,10 @@ def test_a_bad_push_is_rejected_and_the_old_version_keeps_serving(target, case):
     if code is None:  # bytes that are no WeightChunk at all: refused by the deserializer, never applied
         assert err.value.code() != grpc.StatusCode.OK
     else:
-        assert err.value.code() == code and reason in err.value.details(), (err.value.code(), err.value.details())
+        assert err.value.code() == code and reason in err.value.details(), (
+            err.value.code(),
+            err.value.details(),
+        )
     assert target.version() == before
     target.process.check_alive()
 
@@ -152,7 +187,10 @@ def test_a_bad_push_is_rejected_and_the_old_version_keeps_serving(target, case):
 @pytest.mark.parametrize("token", [None, "wrong"])
 def test_a_push_or_status_call_without_the_right_token_is_unauthenticated(target, token):
     before = target.version()
-    for call in (lambda: target.push(target.messages(before + 1), token=token), lambda: target.version(token)):
+    for call in (
+        lambda: target.push(target.messages(before + 1), token=token),
+        lambda: target.version(token),
+    ):
         with pytest.raises(grpc.RpcError) as err:
             call()
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -166,7 +204,9 @@ def test_after_every_rejection_a_valid_push_lands_and_mutating_http_needs_the_to
     url = f"{target.process.url}/v1/completions"
     body = {"prompt": "hi", "max_tokens": 2}
     assert httpx.post(url, json=body, timeout=60).status_code == 401
-    assert httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}, timeout=60).status_code == 401
+    assert (
+        httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}, timeout=60).status_code == 401
+    )
     reply = httpx.post(url, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     assert reply.status_code == 200 and reply.json()["policy_version"] == before + 1
     for path in ("/healthz", "/readyz", "/metrics"):  # read-only routes stay open for probes and scrapes
