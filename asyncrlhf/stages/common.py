@@ -4,6 +4,7 @@ directory, JSONL and `datasets` records, and the `stages.jsonl` log the report r
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -70,6 +71,9 @@ def run_stage(
         return 2
 
     def guarded(cfg: Config, log, stop) -> int:
+        # An offline stage has no loop to wind down: Ctrl-C and SIGTERM stop it at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             return int(body(cfg, log, found) or 0)
         except StageError as err:
