@@ -174,6 +174,9 @@ def _measure(args, cfg, client, services, learner, bound) -> int:
     for phase in (running, stalled, resumed):
         print(describe(phase))
     settled = Phase("settled", stalled.samples[len(stalled.samples) // 2 :])  # the stall's second half
+    running_growth = rss_growth(Phase("tail", running.samples[len(running.samples) // 2 :]))
+    print("RSS MB growth over the second half of running: "
+          + ", ".join(f"{n} {g:+.1f}" for n, g in running_growth.items()))
     growth = rss_growth(stalled)
     print(
         "RSS MB at stall start -> end (growth): "
