@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -344,7 +345,14 @@ class Config(Section):
         return self
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The resolved config as YAML without its secrets (run.token, redis.password, a password in
+        redis.url), so it is safe to print and to write into run directories and checkpoints."""
+        data = self.model_dump(mode="json")
+        data["run"]["token"] = None
+        data["redis"]["password"] = None
+        if data["redis"]["url"]:
+            data["redis"]["url"] = _without_password(data["redis"]["url"])
+        return yaml.safe_dump(data, sort_keys=False)
 
     def hash(self) -> str:
         """Short, stable hash of the resolved config (the token excluded, so it is safe to log)."""
@@ -355,6 +363,15 @@ class Config(Section):
     def key(self, stream: str) -> str:
         """Redis key of a stream or record of this run."""
         return f"asyncrlhf:{self.run.name}:{stream}"
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}***@{parts.hostname}{port}"))
 
 
 # ---------------------------------------------------------------------------------------------------------
