@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "relabel": ("asyncrlhf.stages.relabel", "Relabel preference pairs with the gold reward."),
     "generate": ("asyncrlhf.stages.generate", "Generate held-out completions from checkpoints."),
     "eval": ("asyncrlhf.stages.evaluate", "Score generations with the gold reward."),
+    "pipeline": ("asyncrlhf.stages.pipeline", "The seed's workflow: SFT -> relabel -> train-rm -> up -> report."),
     "report": ("asyncrlhf.report", "Write report.md and plots for a run directory."),
     "audit": ("asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."),
     "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline, load."),
