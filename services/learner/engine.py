@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -27,6 +28,9 @@ def init_distributed() -> tuple[int, int]:
     Under `deepspeed`/`torchrun` the launcher sets RANK/WORLD_SIZE/MASTER_*; a plain process becomes a world
     of one on a free loopback port.
     """
+    # DeepSpeed JIT-builds a CPU comm op at start; one build cache per environment, so two virtualenvs (or
+    # two checkouts) do not keep rebuilding over each other's copy (a minute or more each time).
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     import deepspeed
     import torch.distributed as dist
 
