@@ -252,7 +252,10 @@ class Launcher:
         learner = next(s for s in self.services if s.kind == "learner")
         learner_done_at = None
         while True:
-            time.sleep(self.cfg.launch.progress_every_s)
+            # Poll fast until every service has answered once: a short run's learner can start, train and
+            # exit between two slow polls.
+            everyone = len(self.answered) == len(self.services) and all(self.answered.values())
+            time.sleep(self.cfg.launch.progress_every_s if everyone else 0.2)
             if self.stopping:
                 return 130
             for svc in self.services:

@@ -21,7 +21,7 @@ from pathlib import Path
 from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_RUN_FINISHED
 from asyncrlhf.config import Config
 from asyncrlhf.metrics import make_app
-from asyncrlhf.models import load_checkpoint_policy, load_tokenizer, set_threads
+from asyncrlhf.models import ModelLoadError, load_checkpoint_policy, load_tokenizer, set_threads
 from asyncrlhf.report import load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
@@ -115,17 +115,20 @@ class Evaluator:
     def evaluate_checkpoint(self, path: str, version: int) -> None:
         if version in self.done:
             return
-        if not Path(path).is_dir():
-            log.warning(
-                "checkpoint %s (version %d) is gone (pruned? raise learner.keep_checkpoints); skipped",
-                path,
-                version,
-            )
-            self.metrics.skipped.labels("missing").inc()
-            return
         started = time.perf_counter()
         evaluation = self.evaluation
-        policy = load_checkpoint_policy(path, self.cfg.model, device=str(evaluation.sampler.device))
+        try:
+            policy = load_checkpoint_policy(path, self.cfg.model, device=str(evaluation.sampler.device))
+        except (ModelLoadError, OSError):
+            latest = latest_checkpoint(self.cfg)
+            if latest is not None and latest.resolve() == Path(path).resolve():
+                raise
+            # The learner prunes old checkpoints (learner.keep_checkpoints); one can vanish before or while
+            # it loads when evaluation falls behind training.
+            log.warning("checkpoint %s (version %d) is gone (pruned? raise learner.keep_checkpoints); skipped",
+                        path, version)
+            self.metrics.skipped.labels("missing").inc()
+            return
         generations = evaluation.generate(policy, version)
         self._record(version, path, evaluation.evaluate(policy, generations), started)
 

@@ -10,6 +10,11 @@ from redis.retry import Retry
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis, find_redis_server, redis_url
 
+
+def has_aof(directory) -> bool:
+    """Redis 6 writes appendonly.aof; Redis 7 a multi-part appendonlydir/ (whichever binary was found)."""
+    return (directory / "appendonly.aof").is_file() or any((directory / "appendonlydir").glob("*.aof"))
+
 pytestmark = pytest.mark.integration
 
 
@@ -39,7 +44,7 @@ def test_password_is_required_when_set():
 def test_aof_survives_a_restart(tmp_path):
     with EmbeddedRedis(tmp_path) as server:
         redis.Redis.from_url(server.url).xadd("s", {"pb": b"x"})
-    assert (tmp_path / "appendonly.aof").exists()
+    assert has_aof(tmp_path)
     with EmbeddedRedis(tmp_path) as server:
         assert redis.Redis.from_url(server.url).xlen("s") == 1
 
@@ -73,7 +78,7 @@ def test_configured_url_wins():
 def test_unconfigured_url_starts_an_embedded_server(tmp_path):
     with redis_url(RedisConfig(persist=True), tmp_path) as url:
         assert redis.Redis.from_url(url).ping()
-    assert (tmp_path / "appendonly.aof").exists()
+    assert has_aof(tmp_path)
 
 
 def test_relative_data_dir_works(tmp_path, monkeypatch):
