@@ -230,6 +230,9 @@ class EvaluatorConfig(Section):
         default_factory=lambda: ScorerConfig(kind="rule", name="sentiment"),
         description="The gold reward evaluations score with (not `reward.scorers`, which may be a proxy RM).",
     )
+    missing_eos_penalty: float | None = Field(
+        -1.0, description="Gold score of a completion that did not end with EOS within max_new_tokens (None: off)."
+    )
     references_path: str | None = Field(
         None,
         description="JSONL of {prompt, completion} reference answers for the win rate; unset: the initial "

@@ -49,10 +49,10 @@ class GoldEvaluation:
             reference if reference is not None else load_policy(cfg.model, device=str(self.sampler.device))
         )
         self.reference.requires_grad_(False)
-        # The gold scorer alone: no proxy scorers, no missing-EOS penalty.
-        self.gold = build_reward(
-            cfg.reward.model_copy(update={"scorers": [ec.gold], "missing_eos_penalty": None})
-        )
+        # The gold scorer alone (no proxy scorers), with the evaluator's own missing-EOS penalty.
+        self.gold = build_reward(cfg.reward.model_copy(
+            update={"scorers": [ec.gold], "missing_eos_penalty": ec.missing_eos_penalty, "max_completion_tokens": None}
+        ))
         self.dataset_references = self._dataset_references()
         if self.dataset_references is not None:
             self.prompts = [g.prompt for g in self.dataset_references]
@@ -109,7 +109,8 @@ class GoldEvaluation:
 
     def score(self, generations: Sequence[Generation]) -> torch.Tensor:
         """(B,) gold rewards."""
-        items = [Item(g.prompt, g.completion) for g in generations]
+        items = [Item(g.prompt, g.completion, ended_with_eos=g.finish == "stop",
+                      completion_tokens=len(g.completion_ids)) for g in generations]
         return torch.tensor(self.gold.score(items).scores, dtype=torch.float64)
 
     # -- references --------------------------------------------------------------------------------------
