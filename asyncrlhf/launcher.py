@@ -329,12 +329,10 @@ class Launcher:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator
         served when the learner finished, and which /metrics endpoints answered during the run."""
         snap = getattr(self, "_snapshot", None) or scrape(self.services)
-        state_file = self.cfg.run.path / "checkpoints"
-        pointer = state_file / "latest"
-        final = None
-        if pointer.is_file():
-            state = state_file / pointer.read_text().strip() / "learner_state.json"
-            final = json.loads(state.read_text())["version"] if state.is_file() else None
+        from services.learner.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(self.cfg)
+        final = json.loads((latest / "learner_state.json").read_text())["version"] if latest else None
         summary = {
             "learner_version": final,
             "started_at": self.started_at,
