@@ -165,26 +165,6 @@ class Producer(Generic[M]):
         return {ID_FIELD: self.spec.identity(message), PAYLOAD_FIELD: message.SerializeToString()}
 
 
-# Read new entries and drop (ack) those whose identity is already seen, in one round trip.
-# KEYS: stream, seen. ARGV: group, consumer, count, delete_on_ack. Returns {kept entries, skipped count}.
-_READ_NEW = """
-local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], '>')
-if not res then return {{}, 0} end
-local kept, skipped = {}, 0
-for _, entry in ipairs(res[1][2]) do
-  local fields, ident = entry[2], nil
-  for j = 1, #fields, 2 do if fields[j] == 'id' then ident = fields[j + 1] end end
-  if ident and redis.call('ZSCORE', KEYS[2], ident) then
-    redis.call('XACK', KEYS[1], ARGV[1], entry[1])
-    if ARGV[4] == '1' then redis.call('XDEL', KEYS[1], entry[1]) end
-    skipped = skipped + 1
-  else
-    table.insert(kept, entry)
-  end
-end
-return {kept, skipped}
-"""
-
 # Mark identities seen, emit outputs for identities not seen before, ack (and delete) the inputs.
 # KEYS: stream, seen, output stream. ARGV: group, now, maxlen, delete_on_ack, n, with_outputs, then n x
 # (entry id, identity), then, with outputs, n x (has output, output identity, output payload).
@@ -233,7 +213,6 @@ class Consumer(Generic[M]):
         self.duplicates_skipped = 0
         self.dead_lettered = 0
         self._delete = "1" if spec.work_queue else "0"
-        self._read_new = client.register_script(_READ_NEW)
         self._ack = client.register_script(_ACK)
         self._claim_cursor = b"0-0"
         self._next_claim = 0.0
@@ -312,17 +291,19 @@ class Consumer(Generic[M]):
         out = self._claim_stalled(count)
         if len(out) >= count:
             return out
-        kept, skipped = self._read_new(keys=[self.key, self.seen_key],
-                                       args=[self.group, self.name, count - len(out), self._delete])
-        self.duplicates_skipped += int(skipped)
-        entries = [(eid, _pairs(fields)) for eid, fields in kept]
-        if not entries and not skipped and not out and block_ms > 0:
-            entries = self._read_blocking(count, block_ms)
+        entries, read = self._read_new(count - len(out), None)
+        if not read and not out and block_ms > 0:
+            entries, _ = self._read_new(count, block_ms)
         return out + self._deliver(entries, deliveries={})
 
-    def _read_blocking(self, count: int, block_ms: int) -> list[tuple[bytes, dict]]:
+    def _read_new(self, count: int, block_ms: int | None) -> tuple[list[tuple[bytes, dict]], int]:
+        """New entries (XREADGROUP, waiting up to `block_ms` if given), those already seen acked and dropped;
+        and how many were read."""
         res = self.client.xreadgroup(self.group, self.name, {self.key: ">"}, count=count, block=block_ms)
         entries = res[0][1] if res else []
+        return self._drop_seen(entries), len(entries)
+
+    def _drop_seen(self, entries: list[tuple[bytes, dict]]) -> list[tuple[bytes, dict]]:
         idents = [fields.get(ID_FIELD) for _, fields in entries]
         known = [i for i in idents if i is not None]
         scores = dict(zip(known, self.client.zmscore(self.seen_key, known))) if known else {}
@@ -351,17 +332,8 @@ class Consumer(Generic[M]):
         pending = self.client.xpending_range(self.key, self.group, min=live[0][0], max=live[-1][0],
                                              count=len(live) * 2, consumername=self.name)
         counts = {p["message_id"]: p["times_delivered"] for p in pending}
-        fresh = self._filter_seen(live)
+        fresh = self._drop_seen(live)
         return self._deliver(fresh, deliveries=counts)
-
-    def _filter_seen(self, entries: list[tuple[bytes, dict]]) -> list[tuple[bytes, dict]]:
-        idents = [fields.get(ID_FIELD, b"") for _, fields in entries]
-        scores = self.client.zmscore(self.seen_key, idents)
-        dup_ids = [eid for (eid, _), score in zip(entries, scores) if score is not None]
-        if dup_ids:
-            self._ack_raw(dup_ids)
-            self.duplicates_skipped += len(dup_ids)
-        return [e for e, score in zip(entries, scores) if score is None]
 
     def _deliver(self, entries: list[tuple[bytes, dict]], deliveries: dict[bytes, int]) -> list[Delivery[M]]:
         out: list[Delivery[M]] = []
@@ -418,10 +390,6 @@ class Consumer(Generic[M]):
         if now >= self._next_prune:
             self._next_prune = now + 60
             self.client.zremrangebyscore(self.seen_key, "-inf", time.time() - self.seen_ttl_s)
-
-
-def _pairs(flat: list) -> dict[bytes, bytes]:
-    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
 class PromptCredits:

@@ -1,9 +1,9 @@
 """Weight sync over gRPC: state dict <-> WeightChunk messages, the pushing client, and the receiving server.
 
 Pushing side (learner): `WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push
-dtype once and streams chunks to every target concurrently, each with its own deadline, checksumming each
-tensor (CRC-32) as it goes; it returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or
-unreachable.
+dtype once, checksums each tensor once (XXH3-64, in a background thread, shared by all targets) and streams
+chunks to every target concurrently, each with its own deadline, encoding the next chunk while gRPC sends
+this one; it returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or unreachable.
 
 Tensor bytes are the bulk of a push, so they are never copied through protobuf objects: `encode_chunk`
 writes a WeightChunk as its small header message followed by the `data` field, and `decode_chunk` reads the
@@ -22,14 +22,15 @@ from __future__ import annotations
 import hmac
 import threading
 import time
-import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from queue import Full, Queue
 from typing import Iterable, Iterator, Literal, Mapping, Protocol, Sequence
 
 import grpc
 import numpy as np
 import torch
+import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
@@ -98,24 +99,63 @@ def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return {name: t for name, t in state_dict.items() if "lora_" in name}
 
 
+def checksum(tensor: WireTensor) -> int:
+    """XXH3-64 of a tensor's bytes as sent (the hash releases the GIL)."""
+    return xxhash.xxh3_64_intdigest(tensor.data)
+
+
 def encoded_chunks(
-    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False
+    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False,
+    checksums: Sequence[Future[int]] | None = None,
 ) -> Iterator[bytes]:
-    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its CRC-32 on the last),
-    then the commit message."""
+    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its checksum on the
+    last), then the commit message. `checksums` (one per tensor, computed ahead in another thread and shared
+    by every target of a push) keep hashing off the sending path; without them each is computed here."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
-    for t in tensors:
-        nbytes, crc = t.data.nbytes, 0
+    for i, t in enumerate(tensors):
+        nbytes = t.data.nbytes
         for offset in range(0, max(nbytes, 1), chunk_bytes):
-            data = t.data[offset:offset + chunk_bytes]
-            crc = zlib.crc32(data, crc)
             last = offset + chunk_bytes >= nbytes
+            digest = (checksum(t) if checksums is None else checksums[i].result()) if last else 0
             header = pb.WeightChunk(version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
-                                    checksum=crc if last else 0)
-            yield encode_chunk(header, data)
+                                    checksum=digest)
+            yield encode_chunk(header, t.data[offset:offset + chunk_bytes])
     commit = pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial)
     yield commit.SerializeToString()
+
+
+def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+    """`items`, produced up to `depth` ahead by a background thread, so that encoding the next chunk overlaps
+    gRPC sending this one. Closing the iterator (gRPC cancels the call) stops the producer."""
+    queue: Queue = Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        queue.put(item, timeout=0.1)
+                        break
+                    except Full:
+                        continue
+                if stop.is_set():
+                    return
+            queue.put(done)
+        except BaseException as err:  # handed to the consumer, raised there
+            queue.put(err)
+
+    producer = threading.Thread(target=produce, name="weight-encode", daemon=True)
+    producer.start()
+    try:
+        while (item := queue.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 def chunks(
@@ -206,10 +246,32 @@ class WeightTarget(Protocol):
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         """Name -> live tensor (only shape and dtype are read); a push may update exactly these names."""
 
-    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor] | None:
         """Swap in the verified tensors all at once. They are CPU tensors with the live shapes, in the pushed
-        dtype (a floating push dtype may differ from the live one: copy with a cast). The receiver reuses
-        their memory for the next push, so copy them; do not keep references."""
+        dtype (a floating push dtype may differ from the live one: copy with a cast). Either copy them and
+        return None (the receiver stages the next push into their memory, so keep no reference), or adopt
+        some as live storage with no copy (`swap_in`) and return the tensors they replaced, which the model
+        no longer uses and the receiver stages the next push into."""
+
+
+def swap_in(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Make each of `tensors` the storage of the live tensor of the same name (`live[name].data = new`, no
+    copy) where that is safe: same dtype and device, contiguous, storage not shared with another live name
+    (tied weights); copy the rest. Returns the replaced storages, by name, for the receiver to reuse."""
+    owners: dict[int, int] = {}
+    for t in live.values():
+        owners[t.data_ptr()] = owners.get(t.data_ptr(), 0) + 1
+    replaced: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, new in tensors.items():
+            old = live[name]
+            if (old.dtype == new.dtype and old.device == new.device and old.is_contiguous()
+                    and new.is_contiguous() and owners[old.data_ptr()] == 1):
+                replaced[name] = old.data
+                old.data = new
+            else:
+                old.copy_(new)
+    return replaced
 
 
 class ModuleTarget:
@@ -230,11 +292,9 @@ class ModuleTarget:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self._live
 
-    @torch.no_grad()
-    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         with self.lock:
-            for name, value in tensors.items():
-                self._live[name].copy_(value, non_blocking=False)
+            return swap_in(self._live, tensors)
 
 
 @dataclass(frozen=True)
@@ -258,30 +318,42 @@ def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]
 
 
 class _Staging:
-    """One tensor being received: a byte buffer filled in order, with a running checksum."""
+    """One tensor being received: a byte buffer filled in order, with a running checksum. Offsets are
+    checked at once; the copy and the checksum run on `worker` (one thread, so in order) while the gRPC
+    thread waits for the next chunk. `wait` before reading the buffer or reusing it."""
 
-    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor):
+    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
         self.name, self.dtype, self.shape = header.name, _FROM_WIRE[header.dtype], tuple(header.shape)
-        self.buffer, self._view = buffer, buffer.numpy()
-        self.nbytes, self.filled, self.crc, self.checksum = buffer.numel(), 0, 0, None
+        self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
+        self.nbytes, self.filled, self.digest, self.checksum = buffer.numel(), 0, xxhash.xxh3_64(), None
+        self._pending: Future | None = None
 
     def add(self, header: pb.WeightChunk, data: memoryview) -> None:
         end = self.filled + len(data)
         if header.offset != self.filled or end > self.nbytes:
             where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
             raise PushRejected("bad_offset", f"`{self.name}`: {where}; send chunks in order")
-        self._view[self.filled:end] = np.frombuffer(data, dtype=np.uint8)
-        self.crc = zlib.crc32(data, self.crc)
+        self._pending = self._worker.submit(self._absorb, self.filled, end, data)
         self.filled = end
         if end == self.nbytes:
             self.checksum = header.checksum
 
+    def _absorb(self, start: int, end: int, data: memoryview) -> None:
+        self._view[start:end] = np.frombuffer(data, dtype=np.uint8)  # both release the GIL
+        self.digest.update(data)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+
     def finish(self) -> torch.Tensor:
+        self.wait()
         if self.filled != self.nbytes or self.checksum is None:
             raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
-        if self.crc != self.checksum:
+        got = self.digest.intdigest()
+        if got != self.checksum:
             raise PushRejected("bad_checksum",
-                               f"`{self.name}`: CRC-32 {self.crc:#010x}, expected {self.checksum:#010x}")
+                               f"`{self.name}`: XXH3-64 {got:#018x}, expected {self.checksum:#018x}")
         return self.buffer.view(self.dtype).reshape(self.shape)
 
 
@@ -296,6 +368,7 @@ class WeightReceiver:
         self.updated_at = 0.0
         self._lock = threading.Lock()
         self._buffers: dict[str, torch.Tensor] = {}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
         self.incoming_version: int | None = None
 
     def status(self) -> ReceiverStatus:
@@ -317,18 +390,22 @@ class WeightReceiver:
         current: _Staging | None = None
         version: int | None = None
         received = 0
-        for header, data in messages:
-            version = self._check_version(header, version)
-            if header.commit:
-                if current is not None:
-                    staged[current.name] = current.finish()
-                return self._commit(header, live, staged, received)
-            if current is None or header.name != current.name:
-                if current is not None:
-                    staged[current.name] = current.finish()
-                current = self._start(header, live, staged)
-            current.add(header, data)
-            received += len(data)
+        try:
+            for header, data in messages:
+                version = self._check_version(header, version)
+                if header.commit:
+                    if current is not None:
+                        staged[current.name] = current.finish()
+                    return self._commit(header, live, staged, received)
+                if current is None or header.name != current.name:
+                    if current is not None:
+                        staged[current.name] = current.finish()
+                    current = self._start(header, live, staged)
+                current.add(header, data)
+                received += len(data)
+        finally:
+            if current is not None:
+                current.wait()  # no copy may still write into a buffer the next push reuses
         where = f" in `{current.name}`" if current is not None else ""
         raise PushRejected("truncated", f"the stream ended before the commit message{where}")
 
@@ -363,7 +440,7 @@ class WeightReceiver:
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() != nbytes:
             buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
-        return _Staging(header, buffer)
+        return _Staging(header, buffer, self._worker)
 
     def _commit(
         self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int
@@ -377,7 +454,9 @@ class WeightReceiver:
             raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{example}`); "
                                                   "mark the commit partial to update only some")
         start = time.perf_counter()
-        self.target.apply(staged)
+        replaced = self.target.apply(staged) or {}
+        for name, old in replaced.items():  # adopted buffers are live now; stage the next push into these
+            self._buffers[name] = old.detach().reshape(-1).view(torch.uint8)
         self.version, self.updated_at = header.version, time.time()
         return PushResult(header.version, len(staged), received, time.perf_counter() - start)
 
@@ -544,8 +623,10 @@ class WeightPusher:
                       *, partial: bool = False) -> list[PushOutcome]:
         if not targets:
             return []
-        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
-            futures = [pool.submit(self._push_one, tensors, version, t, partial) for t in targets]
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-hash") as hasher, \
+                ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
+            checksums = [hasher.submit(checksum, t) for t in tensors]  # once, ahead of every sender
+            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums) for t in targets]
             return [f.result() for f in futures]
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
@@ -565,13 +646,15 @@ class WeightPusher:
         self.close()
 
     def _push_one(
-        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool
+        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool,
+        checksums: Sequence[Future[int]],
     ) -> PushOutcome:
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{_SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
         try:
-            reply = push_weights(encoded_chunks(tensors, version, self.chunk_bytes, partial),
+            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums))
+            reply = push_weights(requests,
                                  timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()

@@ -8,7 +8,8 @@
    verify, apply), against bare gRPC client-streaming of the same bytes in chunks of the same size.
    Target: ours >= 0.8x bare.
 
-Each pair runs in the same process, alternating, best of `--repeats`.
+Each pair runs alternating, best of `--repeats`. Both weight receivers (ours and the bare byte sink) run in
+one child process and the pushers in this one, as a generator and the learner do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +31,7 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, Rollou
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import ROLLOUTS, RunStreams, connect
-from asyncrlhf.weights import GRPC_OPTIONS, PushTarget, WeightPusher, WeightReceiver, serve
+from asyncrlhf.weights import GRPC_OPTIONS, PushTarget, WeightPusher, WeightReceiver, serve, swap_in
 
 K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
 
@@ -86,9 +88,8 @@ class _Tensors:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.tensors
 
-    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        for name, value in tensors.items():
-            self.tensors[name].copy_(value)
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return swap_in(self.tensors, tensors)
 
 
 def state_dict(params: int, tensor_params: int = 4 << 20) -> dict[str, torch.Tensor]:
@@ -153,22 +154,41 @@ def bench_streams(groups: int, batch: int, repeats: int) -> tuple[float, float]:
     return max(ours), max(bare)
 
 
-def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float]:
-    state = state_dict(params)
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    receiver = WeightReceiver(_Tensors({k: torch.zeros_like(v) for k, v in state.items()}))
+def _receivers(params: int, conn) -> None:
+    """The receiving process: our WeightSync server and the bare byte sink, until the parent says stop."""
+    torch.set_num_threads(1)
+    receiver = WeightReceiver(_Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
     server, port = serve(receiver, token="bench")
     bare_server, bare_port = _bare_server()
+    conn.send((port, bare_port))
+    conn.recv()
+    server.stop(0)
+    bare_server.stop(0)
+
+
+def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float]:
+    """Pusher here, receivers in a child process, as the learner and a generator are."""
+    state = state_dict(params)
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_receivers, args=(params, child), daemon=True)
+    proc.start()
     ours, bare = [], []
     try:
+        if not parent.poll(120):
+            raise RuntimeError("bench receiver process did not start within 120 s")
+        port, bare_port = parent.recv()
         with WeightPusher("bench", chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600) as pusher, \
                 grpc.insecure_channel(f"127.0.0.1:{bare_port}", options=GRPC_OPTIONS) as channel:
             for r in range(repeats):
                 bare.append(bare_grpc_gbps(channel, total, chunk_bytes))
                 ours.append(ours_push_gbps(pusher, state, f"127.0.0.1:{port}", version=r + 1))
     finally:
-        server.stop(0)
-        bare_server.stop(0)
+        parent.send("stop")
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
     return max(ours), max(bare)
 
 
@@ -180,7 +200,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--params", type=int, default=100_000_000, help="parameters in the pushed state dict")
     parser.add_argument("--chunk-bytes", type=int, default=4 << 20,
                         help="WeightChunk size (and the bare chunk size)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; the best is reported")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each side; the best is reported")
     args = parser.parse_args(argv)
 
     groups_per_s, bare_groups = bench_streams(args.groups, args.batch, args.repeats)

@@ -42,18 +42,19 @@ class WeightSwap:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.backend.named_tensors()
 
-    def apply(self, tensors: Mapping[str, torch.Tensor]) -> None:
+    def apply(self, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor] | None:
         version = self.receiver.incoming_version
         if version is None:
             raise RuntimeError("WeightSwap.apply is called by its WeightReceiver, during a push")
         start = time.perf_counter()
         with self.gate.swapping():
-            self.backend.apply_weights(tensors, version)
+            replaced = self.backend.apply_weights(tensors, version)
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()
         self.metrics.version.set(version)
         self.arrived.set()
         self.on_applied(version)
+        return replaced
 
 
 @dataclass

@@ -50,8 +50,11 @@ class Backend(Protocol):
         """Name -> tensor (shape, dtype) that a weight push may update: the full state dict, or the LoRA
         adapter tensors in a LoRA run; names as in the learner's (PEFT-wrapped) model."""
 
-    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        """Swap in verified tensors (CPU, live dtypes) and serve them as `version`."""
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int
+    ) -> Mapping[str, torch.Tensor] | None:
+        """Swap in verified tensors (CPU, the pushed dtype) and serve them as `version`. Returns what
+        `WeightTarget.apply` returns: None after copying, or the replaced tensors after adopting some."""
 
 
 def create_backend(cfg: Config, tokenizer: "PreTrainedTokenizerBase") -> Backend:

@@ -20,7 +20,7 @@ from torch import nn
 from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, load_policy, resolve_device, set_threads
-from asyncrlhf.weights import adapter_tensors
+from asyncrlhf.weights import adapter_tensors, swap_in
 from services.generator.backends import Completion, Finish
 
 log = logging.getLogger(__name__)
@@ -102,11 +102,10 @@ class HFBackend:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self._live
 
-    @torch.no_grad()
-    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        for name, value in tensors.items():
-            self._live[name].copy_(value)
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
+        replaced = swap_in(self._live, tensors)  # adopts the staged tensors where it can: no copy
         self._version = version
+        return replaced
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
