@@ -1,0 +1,21 @@
+"""`asyncrlhf bench transport` runs end to end at a small size (a smoke test; the numbers are not judged)."""
+
+import json
+
+import pytest
+
+from asyncrlhf.bench.transport import main
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_transport_prints_the_four_rates(capsys):
+    assert main(["--groups", "64", "--params", "3000000", "--repeats", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"groups_per_s", "bare_groups_per_s", "push_gbps", "bare_grpc_gbps"}
+    assert all(value > 0 for value in result.values())
+
+
+def test_bench_transport_needs_two_repeats():
+    with pytest.raises(SystemExit):
+        main(["--repeats", "1"])
