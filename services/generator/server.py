@@ -48,7 +48,7 @@ class WeightSwap:
             raise RuntimeError("WeightSwap.apply is called by its WeightReceiver, during a push")
         start = time.perf_counter()
         with self.gate.swapping():
-            replaced = self.backend.apply_weights(tensors, version)
+            replaced = self.backend.apply_weights(tensors, version, adopt=True)
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()
         self.metrics.version.set(version)

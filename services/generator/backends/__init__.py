@@ -51,10 +51,11 @@ class Backend(Protocol):
         adapter tensors in a LoRA run; names as in the learner's (PEFT-wrapped) model."""
 
     def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int
+        self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False
     ) -> Mapping[str, torch.Tensor] | None:
-        """Swap in verified tensors (CPU, the pushed dtype) and serve them as `version`. Returns what
-        `WeightTarget.apply` returns: None after copying, or the replaced tensors after adopting some."""
+        """Swap in verified tensors (CPU, the pushed dtype) and serve them as `version`. With `adopt` (the
+        caller hands them over, as a `WeightReceiver` does) a backend may make them its live storage and
+        return the tensors they replaced, as `WeightTarget.apply` does; otherwise it copies them."""
 
 
 def create_backend(cfg: Config, tokenizer: "PreTrainedTokenizerBase") -> Backend:

@@ -4,14 +4,19 @@ Prompts are left-padded into one batch of `len(prompts) * k` rows. Sampling uses
 (the model file's own generation defaults, such as a repetition penalty, are cleared at load, so the
 distribution sampled is softmax(logits / temperature) truncated by top-k / top-p and nothing else).
 
-Behaviour log-probs are recomputed by one forward pass over prompt + completion with the same positions as
-`generate` used: exact log pi(token | prefix) under softmax(logits / temperature), the quantity the learner
-recomputes for its importance ratios (`generate`'s `output_scores` would be post top-k / top-p instead).
+Behaviour log-probs are recorded while sampling, from the very logits each token was drawn from:
+log pi(token | prefix) under softmax(logits / temperature), the quantity the learner recomputes for its
+importance ratios (`generate`'s `output_scores` would be post top-k / top-p instead, and `output_logits`
+would keep every step's (rows, vocab) logits). `BehaviourLogprobs` runs first among the logits processors,
+so it sees the model's raw logits; it keeps one step's log-normaliser and scaled logits and picks the sampled
+token's log-prob at the next step. This costs no extra forward pass (`completion_logprobs`, one pass over
+prompt + completion, is what the learner-side tools and the tests compare against).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Mapping, Sequence
 
 import torch
@@ -25,7 +30,6 @@ from services.generator.backends import Completion, Finish
 
 log = logging.getLogger(__name__)
 
-LOGPROB_ROWS = 16  # rows per log-prob forward pass: bounds the (rows, new_tokens, vocab) logits in memory
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,10 +72,50 @@ def completion_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask:
     return token_logprobs(logits, new_ids, temperature)
 
 
-class HFBackend:
-    """A transformers causal LM (LoRA-wrapped in a LoRA run, so pushed adapter names match)."""
+class BehaviourLogprobs:
+    """A logits processor that records log pi(sampled token | prefix) under softmax(logits / temperature).
 
-    def __init__(self, model: nn.Module, pad_id: int, eos_ids: set[int], device: torch.device):
+    Called once per generated position with the ids so far and that position's raw logits; the token sampled
+    from the previous call's logits is the last id, so each call settles the previous position. `finish`
+    settles the last one from the generated ids."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self._pending: torch.Tensor | None = None  # (B, V) log-probs of the position not yet settled
+        self._settled: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self._settle(input_ids[:, -1])
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _settle(self, tokens: torch.Tensor) -> None:
+        self._settled.append(self._pending.gather(-1, tokens[:, None])[:, 0])
+        self._pending = None
+
+    def finish(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """(B, N) log-probs of the N generated tokens `new_ids`."""
+        if self._pending is not None:
+            self._settle(new_ids[:, -1])
+        if len(self._settled) != new_ids.shape[1]:
+            raise RuntimeError(f"recorded {len(self._settled)} log-probs for {new_ids.shape[1]} tokens: "
+                               "another logits processor ran ahead of BehaviourLogprobs")
+        if not self._settled:
+            return torch.zeros(new_ids.shape, dtype=torch.float32)
+        return torch.stack(self._settled, dim=1)
+
+
+class HFBackend:
+    """A transformers causal LM (LoRA-wrapped in a LoRA run, so pushed adapter names match).
+
+    With `merge_lora` (the generator service, which owns its model) the adapter is folded into the base
+    weights it targets after every update, from a pristine copy of those weights (no drift over updates), so
+    sampling runs the plain model: no per-layer adapter matmuls. The adapter tensors stay what is pushed and
+    reported. A caller that shares its model with the backend (an evaluation stage) leaves it unmerged."""
+
+    def __init__(self, model: nn.Module, pad_id: int, eos_ids: set[int], device: torch.device,
+                 merge_lora: bool = False):
         from transformers import GenerationConfig
 
         self.model, self.pad_id, self.eos_ids, self.device = model.eval(), pad_id, eos_ids, device
@@ -83,6 +127,24 @@ class HFBackend:
         state = model.state_dict(keep_vars=True)
         self._live = adapter_tensors(state) if is_lora(model) else dict(state)
         self._version = 0
+        self._pristine: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._merged = False
+        if merge_lora and is_lora(model):
+            from peft.tuners.lora import LoraLayer
+
+            self._pristine = [(layer.get_base_layer().weight, layer.get_base_layer().weight.detach().clone())
+                              for layer in model.modules() if isinstance(layer, LoraLayer)]
+            self._merge()
+
+    @torch.no_grad()
+    def _merge(self) -> None:
+        """Base weights := pristine + the current adapter's delta (peft's merge)."""
+        if self._merged:
+            self.model.unmerge_adapter()  # clears peft's merged state; the weights are reset just below
+        for live, pristine in self._pristine:
+            live.copy_(pristine)
+        self.model.merge_adapter()
+        self._merged = True
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer) -> "HFBackend":
@@ -93,7 +155,7 @@ class HFBackend:
         configured = getattr(model.config, "eos_token_id", None)
         configured = configured if isinstance(configured, list) else [configured]
         eos = {tokenizer.eos_token_id, *configured} - {None}
-        return cls(model, tokenizer.pad_token_id, eos, device)
+        return cls(model, tokenizer.pad_token_id, eos, device, merge_lora=True)
 
     @property
     def version(self) -> int:
@@ -102,26 +164,53 @@ class HFBackend:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self._live
 
-    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
-        replaced = swap_in(self._live, tensors)  # adopts the staged tensors where it can: no copy
+    @torch.no_grad()
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False
+    ) -> dict[str, torch.Tensor]:
+        if adopt:  # tensors of the live dtype become live storage, no copy; the replaced ones go back
+            replaced = swap_in(self._live, tensors)
+        else:
+            replaced = {}
+            for name, value in tensors.items():
+                self._live[name].copy_(value)
+        if self._pristine:
+            self._merge()
         self._version = version
         return replaced
 
     @torch.no_grad()
+    def _shared_prefix(self, ids: torch.Tensor, mask: torch.Tensor, k: int):
+        """The KV cache of every prompt but its last token, computed once per prompt and repeated for its k
+        samples (`generate` then runs only the last prompt token and the new ones), or None when k == 1."""
+        if k == 1 or ids.shape[1] < 2:
+            return None
+        head = mask[:, :-1]
+        out = self.model(input_ids=ids[:, :-1], attention_mask=head, position_ids=positions(head),
+                         use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(k)
+        return cache
+
+    @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:
-        ids, mask = left_pad([p for p in prompts for _ in range(k)], self.pad_id)
+        from transformers import LogitsProcessorList
+
+        ids, mask = left_pad(prompts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        out = self.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
-        )
+        cache = self._shared_prefix(ids, mask, k)
+        ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)  # row i * k + j
+        behaviour = BehaviourLogprobs(sampling.temperature)
+        with warnings.catch_warnings():  # transformers 5 renames it `cache`; `past_key_values` works < 6
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+            out = self.model.generate(
+                input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=True,
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                max_new_tokens=sampling.max_new_tokens, logits_processor=LogitsProcessorList([behaviour]),
+            )
         new = out[:, ids.shape[1]:]
-        logps = torch.cat([
-            completion_logprobs(self.model, ids[i:i + LOGPROB_ROWS], mask[i:i + LOGPROB_ROWS],
-                                new[i:i + LOGPROB_ROWS], sampling.temperature)
-            for i in range(0, new.shape[0], LOGPROB_ROWS)
-        ]).cpu()
+        logps = behaviour.finish(new).cpu()
         rows = []
         for row, tokens in enumerate(new.cpu().tolist()):
             kept, finish = trim_at_eos(tokens, self.eos_ids)

@@ -148,7 +148,8 @@ class VLLMBackend:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.skeleton
 
-    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False) -> None:
+        """Load into the engine (a copy to the GPU either way, so `adopt` changes nothing)."""
         if self.lora.enabled:
             self._load_adapter(tensors, version)
         else:

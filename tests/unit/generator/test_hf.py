@@ -96,3 +96,35 @@ def test_lora_backend_exposes_the_learners_adapter_names():
     torch.manual_seed(0)
     after = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
     assert backend.version == 1 and after.logprobs != before.logprobs
+
+
+def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
+    """The generator folds the adapter into the base weights: sampling must match the unmerged adapter model,
+    and merging is redone from pristine base weights, so a zero adapter gives the base back bit for bit."""
+    cfg = load_config(["configs/tiny.yaml"],
+                      ["generator.device=cpu", "learner.lora.enabled=true", "learner.lora.r=4"])
+    tokenizer = load_tokenizer(cfg.model)
+    backend = HFBackend.from_config(cfg, tokenizer)
+    reference = load_policy(cfg.model, lora=cfg.learner.lora).eval()
+
+    def base_weights() -> dict[str, torch.Tensor]:
+        return {n: t.clone() for n, t in backend.model.state_dict().items() if "lora_" not in n}
+
+    pristine = base_weights()
+    prompts = encode_prompts(tokenizer, ["hi", "a longer prompt, so that the batch is padded"], cfg.model)
+    sampling = SamplingConfig(temperature=0.8, max_new_tokens=8)
+    generator = torch.Generator().manual_seed(3)
+    for version in (1, 2):
+        pushed = {n: 0.3 * torch.randn(t.shape, generator=generator) for n, t in backend.named_tensors().items()}
+        backend.apply_weights(pushed, version=version)
+        reference.load_state_dict(pushed, strict=False)
+        assert any(not torch.equal(base_weights()[n], pristine[n]) for n in pristine)  # merged in
+        for prompt, group in zip(prompts, backend.generate(prompts, 2, sampling)):
+            for c in group:
+                full = torch.tensor([prompt + c.token_ids])
+                with torch.no_grad():
+                    logits = reference(input_ids=full).logits[0, len(prompt) - 1:-1].float()
+                expected = torch.log_softmax(logits / 0.8, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
+                torch.testing.assert_close(torch.tensor(c.logprobs), expected[:, 0], atol=LOGPROB_ATOL, rtol=0)
+    backend.apply_weights({n: torch.zeros_like(t) for n, t in backend.named_tensors().items()}, version=3)
+    assert all(torch.equal(base_weights()[n], pristine[n]) for n in pristine)
