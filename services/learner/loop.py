@@ -211,6 +211,7 @@ class Learner:
         if publish:
             self._publish_weights()
         self._finish_groups(len(ids))
+        self.feed.fill(self.state.version)  # the freed credits, before events and checkpoints: no generator waits
         self._emit(EVENT_KIND_GROUPS_TRAINED, group_ids=ids, values=stats)
         self._maybe_checkpoint()
         log.info("step %d version %d loss %.4f reward %.3f", self.state.steps, self.state.version,
