@@ -116,6 +116,8 @@ class OnlineDPO:
             "rejected_rewards": rejected_r.mean(),
             "reward_accuracy": (chosen_r > rejected_r).float().mean(),
             "reward_margin": (chosen_r - rejected_r).mean(),
+            # sequence KL to the reference on the sampled completions (k1 estimate: mean log pi - log ref)
+            "kl": (seq - ref).detach().mean(),
         }
         return LossOut(loss, None, stats)
 

@@ -43,9 +43,17 @@ def test_online_dpo_raises_the_chosen_minus_rejected_log_ratio():
     ref = sequence_logps(trainer.reference, groups)
     margin = lambda: ((sequence_logps(policy, groups) - ref)[:, 1] - (sequence_logps(policy, groups) - ref)[:, 0]).mean()
     assert abs(float(margin())) < 1e-5  # policy == reference at start
-    losses = [trainer.train_step(groups)["loss"] for _ in range(4)]
+    losses, kls, expected_kls = [], [], []
+    for _ in range(4):
+        expected_kls.append(float((sequence_logps(policy, groups) - ref).mean()))  # before the update
+        stats = trainer.train_step(groups)
+        losses.append(stats["loss"])
+        kls.append(float(stats["kl"]))
     assert float(margin()) > 0.5
     assert losses[-1] < losses[0]
+    # the reported KL is the mean sequence log-ratio to the reference of the trained completions
+    assert kls[0] == pytest.approx(0.0, abs=1e-5) and abs(kls[-1]) > 1e-3
+    assert kls == pytest.approx(expected_kls, abs=1e-4)
 
 
 def test_online_dpo_skips_and_counts_ties():
