@@ -210,7 +210,7 @@ class Learner:
         self._record(stats, groups[0])
         if publish:
             self._publish_weights()
-        self._finish_groups(len(ids))
+        self._finish_groups(len(ids), f"trained:{ids[0]}")
         self.feed.fill(self.state.version)  # the freed credits, before events and checkpoints: no generator waits
         self._emit(EVENT_KIND_GROUPS_TRAINED, group_ids=ids, values=stats)
         self._maybe_checkpoint()
@@ -258,15 +258,16 @@ class Learner:
                 self.consumed.append("dropped", self.state.version, [delivery.identity], staleness=staleness)
                 self.consumer.ack([delivery])
                 self.metrics.groups.labels("dropped").inc()
-                self._finish_groups(1)
+                self._finish_groups(1, f"dropped:{delivery.identity}")
                 return
             corrected = action == "corrected"
         batch.deliveries.append(delivery)
         batch.corrected.append(corrected)
 
-    def _finish_groups(self, n: int) -> None:
-        self.client.incrby(self._finished_key, n)
-        self.metrics.in_flight.set(self.credits.release(n))
+    def _finish_groups(self, n: int, token: str) -> None:
+        """Count `n` groups finished and free their credits, once per `token` (see `PromptCredits.release`):
+        a group id of theirs, since each group finishes once (the consumed log makes sure)."""
+        self.metrics.in_flight.set(self.credits.release(n, token, finished_key=self._finished_key))
 
     def _reap_dead_letters(self) -> None:
         """Dead-lettered groups of this run will never arrive: count them finished and free their credits."""
@@ -286,7 +287,7 @@ class Learner:
         if lost:
             self.consumed.append("dead_lettered", self.state.version, lost)
             self.metrics.groups.labels("dead_lettered").inc(len(lost))
-            self._finish_groups(len(lost))
+            self._finish_groups(len(lost), f"dead_lettered:{lost[0]}")
         self.client.set(self._dlq_cursor_key, entries[-1][0])
         self.metrics.dead_letters.set(self.client.xlen(self.streams.key(DEAD_LETTER)))
 

@@ -167,6 +167,19 @@ def test_prompt_credits_bound_in_flight_and_survive_restart(streams):
     assert credits.available == 5
 
 
+def test_a_release_retried_under_its_token_frees_credits_once(streams, redis_client):
+    """The client re-sends a command whose reply was lost (Redis restarting): the bound must still hold."""
+    credits = streams.credits(limit=8)
+    finished = streams.key("finished")
+    assert credits.acquire(8) == 8
+    assert credits.release(4, "trained:g00000000", finished_key=finished) == 4
+    assert credits.release(4, "trained:g00000000", finished_key=finished) == 4  # the retry: no effect
+    assert int(redis_client.get(finished)) == 4
+    assert credits.acquire(8) == 4  # not 8: in flight stays within the bound
+    assert credits.release(4, "trained:g00000004", finished_key=finished) == 4
+    assert int(redis_client.get(finished)) == 8
+
+
 def test_consumer_killed_mid_batch_loses_nothing_and_doubles_nothing(streams, redis_client, redis_url):
     """Two consumer processes; one is SIGKILLed holding a batch it never acked. Every group reaches
     `rollouts` exactly once."""
