@@ -254,10 +254,13 @@ class WeightTarget(Protocol):
         no longer uses and the receiver stages the next push into."""
 
 
-def swap_in(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def swap_in(
+    live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], adopt: bool = True
+) -> dict[str, torch.Tensor]:
     """Make each of `tensors` the storage of the live tensor of the same name (`live[name].data = new`, no
     copy) where that is safe: same dtype and device, contiguous, storage not shared with another live name
-    (tied weights); copy the rest. Returns the replaced storages, by name, for the receiver to reuse."""
+    (tied weights); copy the rest (all of them when not `adopt`). Returns the replaced storages, by name, for
+    the receiver to reuse."""
     owners: dict[int, int] = {}
     for t in live.values():
         owners[t.data_ptr()] = owners.get(t.data_ptr(), 0) + 1
@@ -265,7 +268,7 @@ def swap_in(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor
     with torch.no_grad():
         for name, new in tensors.items():
             old = live[name]
-            if (old.dtype == new.dtype and old.device == new.device and old.is_contiguous()
+            if (adopt and old.dtype == new.dtype and old.device == new.device and old.is_contiguous()
                     and new.is_contiguous() and owners[old.data_ptr()] == 1):
                 replaced[name] = old.data
                 old.data = new

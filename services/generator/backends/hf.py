@@ -8,8 +8,8 @@ Behaviour log-probs are recorded while sampling, from the very logits each token
 log pi(token | prefix) under softmax(logits / temperature), the quantity the learner recomputes for its
 importance ratios (`generate`'s `output_scores` would be post top-k / top-p instead, and `output_logits`
 would keep every step's (rows, vocab) logits). `BehaviourLogprobs` runs first among the logits processors,
-so it sees the model's raw logits; it keeps one step's log-normaliser and scaled logits and picks the sampled
-token's log-prob at the next step. This costs no extra forward pass (`completion_logprobs`, one pass over
+so it sees the model's raw logits; it keeps one step's (rows, vocab) log-probs and picks the sampled token's
+at the next step. This costs no extra forward pass (`completion_logprobs`, one pass over
 prompt + completion, is what the learner-side tools and the tests compare against).
 """
 
@@ -29,7 +29,6 @@ from asyncrlhf.weights import adapter_tensors, swap_in
 from services.generator.backends import Completion, Finish
 
 log = logging.getLogger(__name__)
-
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,12 +167,8 @@ class HFBackend:
     def apply_weights(
         self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False
     ) -> dict[str, torch.Tensor]:
-        if adopt:  # tensors of the live dtype become live storage, no copy; the replaced ones go back
-            replaced = swap_in(self._live, tensors)
-        else:
-            replaced = {}
-            for name, value in tensors.items():
-                self._live[name].copy_(value)
+        # adopted: tensors of the live dtype become live storage, no copy; the replaced ones go back
+        replaced = swap_in(self._live, tensors, adopt=adopt)
         if self._pristine:
             self._merge()
         self._version = version
