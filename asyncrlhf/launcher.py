@@ -329,7 +329,7 @@ class Launcher:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator
         served when the learner finished, and which /metrics endpoints answered during the run."""
         snap = getattr(self, "_snapshot", None) or scrape(self.services)
-        from services.learner.checkpoint import latest_checkpoint
+        from asyncrlhf.training.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.cfg)
         final = json.loads((latest / "learner_state.json").read_text())["version"] if latest else None

@@ -29,7 +29,7 @@ from asyncrlhf.models import encode_prompts, load_tokenizer
 from asyncrlhf.redis_server import redis_url
 from asyncrlhf.streams import PROMPTS, ROLLOUTS, connect
 from asyncrlhf.weights import PushTarget, WeightPusher
-from services.generator.backends import Backend, create_backend
+from asyncrlhf.sampling import Backend, create_backend
 from services.generator.run import GeneratorService
 
 SEED = 1234

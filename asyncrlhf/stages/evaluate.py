@@ -19,7 +19,7 @@ from asyncrlhf.models import load_tokenizer, set_threads
 from asyncrlhf.stages.common import read_jsonl, run_stage
 from asyncrlhf.stages.evaluation import GoldEvaluation
 from asyncrlhf.stages.generate import load_for_eval
-from asyncrlhf.stages.sampling import Generation
+from asyncrlhf.sampling.offline import Generation
 
 log = logging.getLogger("asyncrlhf.eval")
 

@@ -23,7 +23,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.models import encode_prompts, load_policy
 from asyncrlhf.rewards import Item, build_reward
 from asyncrlhf.stages.common import StageError, read_jsonl, read_records, take, write_jsonl
-from asyncrlhf.stages.sampling import Generation, PolicySampler, completion_token_logprobs, sampling_for
+from asyncrlhf.sampling.offline import Generation, PolicySampler, completion_token_logprobs, sampling_for
 from asyncrlhf.tasks import load_task
 
 log = logging.getLogger(__name__)

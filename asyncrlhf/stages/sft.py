@@ -30,8 +30,8 @@ from asyncrlhf.stages.common import (
     take,
     write_jsonl,
 )
-from asyncrlhf.stages.sampling import PolicySampler
-from asyncrlhf.stages.training import make_engine, right_pad, step_batches, steps_per_run, train_step
+from asyncrlhf.sampling.offline import PolicySampler
+from asyncrlhf.training.supervised import make_engine, right_pad, step_batches, steps_per_run, train_step
 from asyncrlhf.tasks import load_task
 
 log = logging.getLogger("asyncrlhf.sft")

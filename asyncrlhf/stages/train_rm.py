@@ -21,7 +21,7 @@ from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_score_model, load_tokenizer
 from asyncrlhf.stages.common import StageError, log_stage, read_records, run_path, run_stage
-from asyncrlhf.stages.training import make_engine, right_pad, step_batches, steps_per_run, train_step
+from asyncrlhf.training.supervised import make_engine, right_pad, step_batches, steps_per_run, train_step
 
 log = logging.getLogger("asyncrlhf.train_rm")
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, prompt + rejected

@@ -27,7 +27,7 @@ from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
 from asyncrlhf.streams import EVENTS, RunStreams, connect
 from services.evaluator.metrics import EvaluatorMetrics
-from services.learner.checkpoint import latest_checkpoint
+from asyncrlhf.training.checkpoint import latest_checkpoint
 
 log = logging.getLogger("asyncrlhf.evaluator")
 CONSUMER_GROUP = "evaluator"

@@ -1,6 +1,6 @@
 """The generator service: samples k completions per prompt group and streams RolloutGroups to Redis.
+The sampling backends (HF, vLLM) are library code: `asyncrlhf.sampling`.
 
-    backends/   the `Backend` Protocol and its HF (hf.py) and vLLM (vllm.py) implementations
     loop.py     prompts stream -> backend -> rollouts stream, one batch at a time
     gate.py     generation batches and weight swaps take turns on the backend
     server.py   WeightSync gRPC server into the backend, registry heartbeat

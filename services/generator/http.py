@@ -14,7 +14,7 @@ from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.metrics import make_app
 from asyncrlhf.models import encode_prompts
 from asyncrlhf.service import token_dependency
-from services.generator.backends import Backend
+from asyncrlhf.sampling import Backend
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 

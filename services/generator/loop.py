@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import Config
 from asyncrlhf.streams import Consumer, Delivery, Producer
-from services.generator.backends import Backend, Completion
+from asyncrlhf.sampling import Backend, Completion
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 

@@ -16,7 +16,7 @@ from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import PROMPTS, ROLLOUTS, RunStreams, connect
-from services.generator.backends import Backend, create_backend
+from asyncrlhf.sampling import Backend, create_backend
 from services.generator.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.loop import CONSUMER_GROUP, GeneratorLoop

@@ -21,7 +21,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.service import check_bind
 from asyncrlhf.weights import WeightReceiver, serve
-from services.generator.backends import Backend
+from asyncrlhf.sampling import Backend
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 

@@ -38,10 +38,10 @@ from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import DEAD_LETTER, EVENTS, PROMPTS, ROLLOUTS, SCORED, Delivery, RunStreams, connect
 from asyncrlhf.tasks import load_task
 from asyncrlhf.weights import PushTarget, WeightPusher
-from services.learner import checkpoint, engine
+from asyncrlhf.training import checkpoint, engine
 from services.learner.metrics import LearnerMetrics
-from services.learner.objectives import make_objective
-from services.learner.trainer import Trainer
+from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.trainer import Trainer
 
 log = logging.getLogger("asyncrlhf.learner")
 GROUP = "learner"

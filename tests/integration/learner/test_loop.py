@@ -9,10 +9,10 @@ import torch
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.streams import PROMPTS, RunStreams
-from services.learner import engine
+from asyncrlhf.training import engine
 from services.learner.loop import Learner
-from services.learner.objectives import make_objective
-from services.learner.trainer import Trainer
+from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.actor import Actor, scored_group
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
-from services.learner import engine
-from services.learner.objectives import make_objective
-from services.learner.trainer import Trainer
+from asyncrlhf.training import engine
+from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.actor import Actor, scored_group
 from tests.integration.learner.test_loop import consumed, learner_config
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from asyncrlhf.config import RewardConfig, ScorerConfig, load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.rewards import build_reward
-from services.generator.backends.hf import HFBackend
+from asyncrlhf.sampling.hf import HFBackend
 from services.generator.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics

@@ -2,7 +2,7 @@ import pytest
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup
 from asyncrlhf.models import build_tiny_tokenizer
-from services.generator.backends import Completion
+from asyncrlhf.sampling import Completion
 from services.generator.loop import prompt_token_ids, rollout_group
 
 pytestmark = pytest.mark.unit

@@ -61,9 +61,9 @@ class Backend(Protocol):
 def create_backend(cfg: Config, tokenizer: "PreTrainedTokenizerBase") -> Backend:
     """The backend `generator.backend` names, loaded with the run's model (and LoRA wrapping)."""
     if cfg.generator.backend == "vllm":
-        from services.generator.backends.vllm import VLLMBackend
+        from asyncrlhf.sampling.vllm import VLLMBackend
 
         return VLLMBackend.from_config(cfg, tokenizer)
-    from services.generator.backends.hf import HFBackend
+    from asyncrlhf.sampling.hf import HFBackend
 
     return HFBackend.from_config(cfg, tokenizer)

@@ -20,8 +20,8 @@ from asyncrlhf import algorithms as A
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.models import ReferencePolicy, per_token_scores
-from services.learner.batch import SequenceBatch, build_batch
-from services.learner.objectives import Objective, Totals
+from asyncrlhf.training.batch import SequenceBatch, build_batch
+from asyncrlhf.training.objectives import Objective, Totals
 
 
 class Trainer:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
-from services.learner.batch import build_batch
+from asyncrlhf.training.batch import build_batch
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import torch
 from asyncrlhf.config import LoraConfig, load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.weights import adapter_tensors
-from services.generator.backends.vllm import (
+from asyncrlhf.sampling.vllm import (
     import_vllm, model_dir_for_vllm, peft_adapter_names, weight_skeleton,
 )
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
@@ -49,7 +49,7 @@ def test_adapter_names_drop_the_peft_adapter_name():
 @pytest.mark.gpu
 @needs_gpu_and_vllm
 def test_vllm_backend_logprobs_and_weight_pushes(tmp_path):
-    from services.generator.backends.vllm import VLLMBackend
+    from asyncrlhf.sampling.vllm import VLLMBackend
 
     cfg = load_config(["configs/tiny.yaml"], [
         f"model.cache_dir={tmp_path}", "generator.backend=vllm", "generator.vllm_dtype=float32",

@@ -26,7 +26,7 @@ from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, load_policy, resolve_device, set_threads
 from asyncrlhf.weights import adapter_tensors, swap_in
-from services.generator.backends import Completion, Finish
+from asyncrlhf.sampling import Completion, Finish
 
 log = logging.getLogger(__name__)
 

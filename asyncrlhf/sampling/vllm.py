@@ -29,7 +29,7 @@ import torch
 from asyncrlhf.config import Config, LoraConfig, ModelConfig, SamplingConfig
 from asyncrlhf.models import load_policy, resolve_model_dir, wrap_lora
 from asyncrlhf.weights import adapter_tensors
-from services.generator.backends import Completion
+from asyncrlhf.sampling import Completion
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import torch
 from asyncrlhf import algorithms as A
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
-from services.learner import engine
-from services.learner.batch import build_batch
-from services.learner.objectives import make_objective
-from services.learner.trainer import Trainer
+from asyncrlhf.training import engine
+from asyncrlhf.training.batch import build_batch
+from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.groups import scored_groups
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from torch import nn
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, resolve_device
 from asyncrlhf.weights import adapter_tensors
-from services.generator.backends import Completion
-from services.generator.backends.hf import HFBackend, completion_logprobs, left_pad
+from asyncrlhf.sampling import Completion
+from asyncrlhf.sampling.hf import HFBackend, completion_logprobs, left_pad
 
 
 def sampling_for(temperature: float, max_new_tokens: int) -> SamplingConfig:
@@ -99,7 +99,7 @@ class PolicySampler:
                 policy, self.tokenizer.pad_token_id, eos_ids(policy, self.tokenizer), self.device
             )
         if self._vllm is None:
-            from services.generator.backends import create_backend
+            from asyncrlhf.sampling import create_backend
 
             generator = self.cfg.generator.model_copy(update={"backend": "vllm", "device": str(self.device)})
             lora = self.cfg.learner.lora.model_copy(update={"enabled": is_lora(policy)})

@@ -1,5 +1,5 @@
 """Supervised-style training loops for the offline stages on the learner's DeepSpeed engine
-(`services.learner.engine`): AdamW, the schedule, ZeRO stage and clipping come from `learner.*`; the stage
+(`asyncrlhf.training.engine`): AdamW, the schedule, ZeRO stage and clipping come from `learner.*`; the stage
 sets its own learning rate, batch sizes and step count.
 
 A step is `batch_size` examples in micro-batches of `micro_batch_size`; the loss of each micro-batch is
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from asyncrlhf.config import Config, LoraConfig
-from services.learner import engine as ds
+from asyncrlhf.training import engine as ds
 
 
 def make_engine(

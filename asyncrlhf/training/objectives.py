@@ -20,7 +20,7 @@ import torch
 
 from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config
-from services.learner.batch import SequenceBatch
+from asyncrlhf.training.batch import SequenceBatch
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import torch
 from asyncrlhf.config import SamplingConfig, load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.weights import adapter_tensors
-from services.generator.backends.hf import HFBackend, left_pad, positions, trim_at_eos
+from asyncrlhf.sampling.hf import HFBackend, left_pad, positions, trim_at_eos
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
 
 pytestmark = pytest.mark.unit
