@@ -15,7 +15,8 @@ from asyncrlhf.algorithms.offpolicy import (
     ImportanceKind,
     decoupled_ppo_loss,
     importance_weights,
-    staleness_mask,
+    StalenessDecision,
+    staleness_decision,
 )
 from asyncrlhf.algorithms.ppo import clipped_surrogate, gae, ppo_policy_loss, ppo_value_loss, whiten
 from asyncrlhf.algorithms.reinforce import (
@@ -34,6 +35,7 @@ __all__ = [
     "ImportanceKind",
     "KLKind",
     "Normalization",
+    "StalenessDecision",
     "best_of_n_loss",
     "best_of_n_select",
     "bradley_terry_loss",
@@ -60,7 +62,7 @@ __all__ = [
     "sequence_kl",
     "sequence_logprobs",
     "shape_rewards",
-    "staleness_mask",
+    "staleness_decision",
     "token_logprobs",
     "token_mean",
     "whiten",

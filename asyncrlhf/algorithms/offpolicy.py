@@ -8,6 +8,7 @@ optimization".
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -85,18 +86,45 @@ def decoupled_ppo_loss(
     return token_mean(weights * per_token_loss, mask, denominator), stats
 
 
-def staleness_mask(versions: torch.Tensor, current: int, max_staleness: int) -> torch.Tensor:
-    """Which samples are fresh enough to train on: ``0 <= current - version <= max_staleness``.
+StalePolicy = Literal["drop", "tis", "decoupled", "keep"]
+StaleAction = Literal["fresh", "keep", "correct", "drop"]
+_BEYOND_BOUND: dict[str, StaleAction] = {"drop": "drop", "keep": "keep", "tis": "correct", "decoupled": "correct"}
+
+
+@dataclass(frozen=True)
+class StalenessDecision:
+    """How old one group is and what training does with it.
+
+    staleness: learner version - the version that generated the group (0: on-policy).
+    action: "fresh" (within the bound: trained as is), or, beyond it, "keep" (trained as is), "correct"
+        (trained with importance weights from its behaviour log-probs) or "drop" (not trained).
+    """
+
+    staleness: int
+    action: StaleAction
+
+    @property
+    def trained(self) -> bool:
+        return self.action != "drop"
+
+    @property
+    def corrected(self) -> bool:
+        return self.action == "correct"
+
+
+def staleness_decision(
+    generated_by: int, current: int, max_staleness: int, policy: StalePolicy
+) -> StalenessDecision:
+    """The one place a group's staleness is measured and judged.
 
     Args:
-        versions: (B,) integer policy version that generated each sample.
-        current: the learner's policy version.
-        max_staleness: how many versions old a sample may be; 0 is on-policy.
-
-    Returns:
-        (B,) bool. A version newer than ``current`` (which the protocol never produces) is rejected too.
+        generated_by: the policy version that sampled the group. current: the learner's version.
+        max_staleness: how many versions old a group may be and still count as fresh; 0 is on-policy.
+        policy: what happens beyond the bound: "drop", "keep", or importance-correct ("tis", "decoupled").
     """
     if max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-    staleness = current - versions
-    return (staleness >= 0) & (staleness <= max_staleness)
+    staleness = current - generated_by
+    if staleness <= max_staleness:
+        return StalenessDecision(staleness, "fresh")
+    return StalenessDecision(staleness, lookup(_BEYOND_BOUND, policy, "stale_policy"))

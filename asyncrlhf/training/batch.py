@@ -1,5 +1,8 @@
 """Scored `RolloutGroup`s -> padded tensors the objectives train on.
 
+A group reaches training as a `TrainGroup`: the scored message and the staleness decision that admitted it
+(`asyncrlhf.algorithms.staleness_decision`), so whether its rows are importance-corrected travels with it.
+
 Layout: prompts left-padded to a common width P, completions right after and right-padded to width T:
 `input_ids` (B, P + T). Every completion starts at column P, so per-token tensors are (B, T) on the
 *completion grid* (column j is completion token j, predicted by the logits at input position P - 1 + j),
@@ -15,6 +18,29 @@ from typing import Sequence
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
+from asyncrlhf.algorithms import StalenessDecision
+
+
+@dataclass(frozen=True)
+class TrainGroup:
+    """One scored group admitted for training, with the staleness decision that admitted it."""
+
+    message: RolloutGroup
+    decision: StalenessDecision = StalenessDecision(0, "fresh")
+
+
+def validate_group(group: RolloutGroup, k: int) -> str | None:
+    """Why a scored group cannot be trained on, or None."""
+    if len(group.samples) != k:
+        return f"expected {k} samples, got {len(group.samples)}"
+    if not group.prompt.prompt_token_ids:
+        return "the prompt has no token ids"
+    for i, s in enumerate(group.samples):
+        if not s.HasField("reward"):
+            return f"sample {i} has no reward (not scored)"
+        if len(s.logprobs) != len(s.completion_token_ids):
+            return f"sample {i}: {len(s.logprobs)} log-probs for {len(s.completion_token_ids)} tokens"
+    return None
 
 
 @dataclass
@@ -28,7 +54,7 @@ class SequenceBatch:
     group: torch.Tensor  # (B,) long, index of the sequence's group in the step
     sample: torch.Tensor  # (B,) long, index of the sample within its group
     eos: torch.Tensor  # (B,) bool, finished with EOS
-    corrected: torch.Tensor  # (B,) bool, beyond max_staleness and kept for importance correction
+    corrected: torch.Tensor  # (B,) bool, the group's staleness decision is "correct"
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by objectives
 
     def __len__(self) -> int:
@@ -67,16 +93,15 @@ class SequenceBatch:
         return self.scores.view(groups, -1)
 
 
-def build_batch(groups: Sequence[RolloutGroup], pad_id: int, corrected: Sequence[bool] | None = None) -> SequenceBatch:
+def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
     """Flatten G groups of k samples into B = G * k rows, group-major."""
-    ks = {len(g.samples) for g in groups}
+    ks = {len(g.message.samples) for g in groups}
     if len(ks) != 1:
         raise ValueError(f"every group in a step must hold the same number of samples, got {sorted(ks)}")
-    corrected = list(corrected) if corrected is not None else [False] * len(groups)
     rows = [
-        (list(g.prompt.prompt_token_ids), s, gi, si, g.policy_version, corrected[gi])
+        (list(g.message.prompt.prompt_token_ids), s, gi, si, g.message.policy_version, g.decision.corrected)
         for gi, g in enumerate(groups)
-        for si, s in enumerate(g.samples)
+        for si, s in enumerate(g.message.samples)
     ]
     width_p = max(len(p) for p, *_ in rows)
     width_t = max(1, max(len(s.completion_token_ids) for _, s, *_ in rows))

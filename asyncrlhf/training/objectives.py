@@ -6,9 +6,10 @@ An objective turns a step's `SequenceBatch` into training items and a loss:
 - `loss(micro, logps, values, totals)`: the micro-batch's share of the step loss, normalised by the whole
   (mini-)batch's totals, so micro-batches sum to the full-batch loss whatever their sizes.
 
-Rows beyond `max_staleness` that are kept for correction (`batch.corrected`) get importance weights from the
-behaviour log-probs: `tis` truncates them at `tis_cap`, `decoupled` masks tokens above it (AReaL); fresh
-rows get weight exactly 1, so with no stale rows every objective is its on-policy self.
+Rows whose staleness decision is "correct" (`batch.corrected`, set by `learner.stale_policy` tis or
+decoupled) get importance weights from the behaviour log-probs, as the objective's `Correction` says:
+truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL); every other row gets weight exactly
+1, so with no corrected rows every objective is its on-policy self.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ import torch
 from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config
 from asyncrlhf.training.batch import SequenceBatch
+
+
+@dataclass(frozen=True)
+class Correction:
+    """How corrected rows are importance-weighted: per-token weights of kind `token_kind` ("tis" truncates
+    at `cap`, "mis" drops tokens above it); sequence-level weights are always truncated at `cap`."""
+
+    token_kind: A.ImportanceKind
+    cap: float
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "Correction":
+        lc = cfg.learner
+        return cls("mis" if lc.stale_policy == "decoupled" else "tis", lc.tis_cap)
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,7 @@ class OnlineDPO:
     def __init__(self, cfg: Config):
         lc = cfg.learner
         self.beta, self.loss_type, self.label_smoothing = lc.beta, lc.dpo_loss_type, lc.label_smoothing
-        self.stale_policy, self.tis_cap = lc.stale_policy, lc.tis_cap
+        self.correction = Correction.from_config(cfg)
 
     def select(self, batch: SequenceBatch) -> tuple[SequenceBatch, dict[str, float]]:
         k = len(batch) // (int(batch.group.max()) + 1)
@@ -123,12 +138,12 @@ class OnlineDPO:
 
     def _pair_weights(self, micro: SequenceBatch) -> torch.Tensor:
         """Sequence-level truncated IS weight of each pair; 1 for fresh pairs."""
-        if self.stale_policy not in ("tis", "decoupled") or not micro.corrected.any():
+        if not micro.corrected.any():
             return torch.ones(len(micro) // 2)
         old = A.sequence_logprobs(micro.extras["old_logps"], micro.mask)
         behaviour = A.sequence_logprobs(micro.behaviour_logps, micro.mask)
         pair_old, pair_behaviour = old[0::2] + old[1::2], behaviour[0::2] + behaviour[1::2]
-        weights = A.importance_weights(pair_old, pair_behaviour, "tis", self.tis_cap)
+        weights = A.importance_weights(pair_old, pair_behaviour, "tis", self.correction.cap)
         return torch.where(micro.corrected[0::2], weights, torch.ones_like(weights))
 
 
@@ -138,7 +153,7 @@ class BestOfN:
     unit, needs_reference, needs_values, needs_old_logps = 1, False, False, False
 
     def __init__(self, cfg: Config):
-        self.stale_policy, self.tis_cap = cfg.learner.stale_policy, cfg.learner.tis_cap
+        self.correction = Correction.from_config(cfg)
 
     def select(self, batch: SequenceBatch) -> tuple[SequenceBatch, dict[str, float]]:
         scores = batch.scores_by_group()
@@ -151,8 +166,9 @@ class BestOfN:
 
     def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
         weights = torch.ones_like(logps)
-        if self.stale_policy in ("tis", "decoupled") and micro.corrected.any():
-            weights = A.importance_weights(micro.extras["old_logps"], _behaviour_for_correction(micro), "tis", self.tis_cap)
+        if micro.corrected.any():
+            weights = A.importance_weights(micro.extras["old_logps"], _behaviour_for_correction(micro), "tis",
+                                           self.correction.cap)
         loss = A.best_of_n_loss(logps * weights, micro.mask, denominator=totals.tokens)
         return LossOut(loss, None, {"nll": A.masked_mean(-logps.detach(), micro.mask)})
 
@@ -166,7 +182,7 @@ class PolicyGradient(_KLMixin):
     def __init__(self, cfg: Config):
         lc = cfg.learner
         self.algorithm, self.clip_eps = lc.algorithm, lc.clip_eps
-        self.stale_policy, self.tis_cap = lc.stale_policy, lc.tis_cap
+        self.correction = Correction.from_config(cfg)
         self._init_kl(cfg)
         self.needs_reference = self.kl_coef > 0 or lc.kl.adaptive
 
@@ -191,10 +207,10 @@ class PolicyGradient(_KLMixin):
         return rows.with_extras(advantages=advantages, reward_kl=kl.sum(dim=1))
 
     def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
-        weight_kind = "mis" if self.stale_policy == "decoupled" else "tis"
         loss, stats = A.decoupled_ppo_loss(
             logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
-            micro.mask, self.clip_eps, weight_kind=weight_kind, weight_cap=self.tis_cap, denominator=totals.tokens,
+            micro.mask, self.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
+            denominator=totals.tokens,
         )
         loss = loss + self._kl_loss_term(micro, logps, totals)
         stats["advantage_mean"] = A.masked_mean(micro.extras["advantages"], micro.mask)
@@ -217,7 +233,7 @@ class PPO(_KLMixin):
 
     def __init__(self, cfg: Config):
         lc = cfg.learner
-        self.ppo, self.stale_policy, self.tis_cap = lc.ppo, lc.stale_policy, lc.tis_cap
+        self.ppo, self.correction = lc.ppo, Correction.from_config(cfg)
         self._init_kl(cfg)
 
     def select(self, batch: SequenceBatch) -> tuple[SequenceBatch, dict[str, float]]:
@@ -235,10 +251,9 @@ class PPO(_KLMixin):
         return rows.with_extras(advantages=advantages, returns=returns, reward_kl=kl.sum(dim=1))
 
     def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
-        weight_kind = "mis" if self.stale_policy == "decoupled" else "tis"
         policy_loss, stats = A.decoupled_ppo_loss(
             logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
-            micro.mask, self.ppo.clip_eps, weight_kind=weight_kind, weight_cap=self.tis_cap,
+            micro.mask, self.ppo.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
             denominator=totals.tokens,
         )
         policy_loss = policy_loss + self._kl_loss_term(micro, logps, totals)

@@ -17,10 +17,9 @@ from typing import Sequence
 import torch
 
 from asyncrlhf import algorithms as A
-from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.models import ReferencePolicy, per_token_scores
-from asyncrlhf.training.batch import SequenceBatch, build_batch
+from asyncrlhf.training.batch import SequenceBatch, TrainGroup, build_batch
 from asyncrlhf.training.objectives import Objective, Totals
 
 
@@ -47,9 +46,8 @@ class Trainer:
         if self.value is not None:
             self.value.eval()
 
-    def train_step(self, groups: Sequence[RolloutGroup], corrected: Sequence[bool] | None = None,
-                   step_seed: int = 0) -> dict[str, float]:
-        batch = build_batch(groups, self.pad_id, corrected)
+    def train_step(self, groups: Sequence[TrainGroup], step_seed: int = 0) -> dict[str, float]:
+        batch = build_batch(groups, self.pad_id)
         rows, counts = self.objective.select(batch)
         stats: dict[str, float] = {"reward_mean": float(batch.scores.mean()), **counts}
         if len(rows) == 0:

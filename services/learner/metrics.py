@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf.metrics import metric_name as n
+from asyncrlhf.training.batch import TrainGroup
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -45,3 +46,21 @@ class LearnerMetrics:
                                ["stream"], registry=r)
         self.dead_letters = Gauge(n("learner", "dead_letter_entries"), "Entries in the run's dead-letter stream.",
                                   registry=r)
+
+    def record_step(self, stats: dict[str, float], groups: list[TrainGroup], version: int) -> None:
+        """A trained step: `version` is the one its update produced; staleness is per sample."""
+        self.version.set(version)
+        self.steps.inc()
+        self.samples.inc(stats.get("sequences", 0))
+        self.tokens.inc(stats.get("tokens", 0))
+        self.groups.labels("trained").inc(len(groups))
+        self.reward.set(stats["reward_mean"])
+        if "loss" in stats:
+            self.loss.set(stats["loss"])
+        if "kl" in stats:
+            self.kl.set(stats["kl"])
+        for key, value in stats.items():
+            self.stat.labels(key).set(value)
+        for g in groups:
+            for _ in g.message.samples:
+                self.staleness.observe(g.decision.staleness)

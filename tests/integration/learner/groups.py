@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.algorithms import StalenessDecision
+from asyncrlhf.training.batch import TrainGroup
 
 
 def scored_groups(n: int, k: int, *, seed: int = 0, version: int = 1, start: int = 0,
@@ -24,3 +26,11 @@ def scored_groups(n: int, k: int, *, seed: int = 0, version: int = 1, start: int
         out.append(RolloutGroup(group_id=gid, prompt=PromptGroup(group_id=gid, prompt_token_ids=prompt, k=k),
                                 samples=samples, policy_version=version, generator_id="test"))
     return out
+
+
+def train_groups(groups: list[RolloutGroup], corrected: list[bool] | None = None) -> list[TrainGroup]:
+    """The groups as admitted for training: fresh, or (where `corrected`) one version beyond the bound and
+    importance-corrected."""
+    corrected = corrected or [False] * len(groups)
+    return [TrainGroup(g, StalenessDecision(1, "correct") if c else StalenessDecision(0, "fresh"))
+            for g, c in zip(groups, corrected)]

@@ -12,6 +12,7 @@ from asyncrlhf.streams import PROMPTS, RunStreams
 from asyncrlhf.training import engine
 from services.learner.loop import Learner
 from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.actor import Actor, scored_group
 
@@ -55,7 +56,7 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
     trainer = Trainer(cfg, policy, ReferencePolicy(load_policy(cfg.model)), objective=make_objective(cfg), pad_id=0)
     for step, row in enumerate(rows, start=1):
-        groups = [scored_group(actor.prompts[gid], step) for gid in row["group_ids"]]
+        groups = [TrainGroup(scored_group(actor.prompts[gid], step)) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)
     # Bit-exact: both paths run the same kernels on the same tensors in the same order on CPU in fp32.
     for (name, a), (_, b) in zip(learner.policy.module.state_dict().items(), policy.module.state_dict().items()):
@@ -66,7 +67,7 @@ def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1")
     learner, actor = run_learner(cfg, redis_url)
     streams = RunStreams(learner.client, cfg.run.name)
-    enqueued = learner.feed.cursor
+    enqueued = learner.schedule.feed.cursor
     trained = sum(len(r["group_ids"]) for r in consumed(cfg))
     assert enqueued - trained <= (1 + 1) * 3  # (max_staleness + 1) x groups_per_step
     assert max(s for r in consumed(cfg) for s in r["staleness"]) <= 1

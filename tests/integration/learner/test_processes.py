@@ -16,6 +16,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.actor import Actor, scored_group
 from tests.integration.learner.test_loop import consumed, learner_config
@@ -44,7 +45,8 @@ def sync_weights(cfg, rows, prompts):
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
     trainer = Trainer(cfg, policy, ReferencePolicy(load_policy(cfg.model)), objective=make_objective(cfg), pad_id=0)
     for step, row in enumerate(rows, start=1):
-        trainer.train_step([scored_group(prompts[gid], step) for gid in row["group_ids"]], step_seed=cfg.run.seed + step)
+        groups = [TrainGroup(scored_group(prompts[gid], step)) for gid in row["group_ids"]]
+        trainer.train_step(groups, step_seed=cfg.run.seed + step)
     return policy.module.state_dict()
 
 

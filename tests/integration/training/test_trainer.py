@@ -11,7 +11,7 @@ from asyncrlhf.training import engine
 from asyncrlhf.training.batch import build_batch
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.trainer import Trainer
-from tests.integration.learner.groups import scored_groups
+from tests.integration.learner.groups import scored_groups, train_groups
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def make_trainer(*overrides: str, lora: bool = False):
 
 def sequence_logps(model, groups):
     """Computed independently of the trainer: full logits, then the columns that predict completions."""
-    batch = build_batch(groups, pad_id=0)
+    batch = build_batch(train_groups(groups), pad_id=0)
     width = batch.completion_width
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -46,7 +46,7 @@ def test_online_dpo_raises_the_chosen_minus_rejected_log_ratio():
     losses, kls, expected_kls = [], [], []
     for _ in range(4):
         expected_kls.append(float((sequence_logps(policy, groups) - ref).mean()))  # before the update
-        stats = trainer.train_step(groups)
+        stats = trainer.train_step(train_groups(groups))
         losses.append(stats["loss"])
         kls.append(float(stats["kl"]))
     assert float(margin()) > 0.5
@@ -58,9 +58,10 @@ def test_online_dpo_raises_the_chosen_minus_rejected_log_ratio():
 
 def test_online_dpo_skips_and_counts_ties():
     trainer, _ = make_trainer("learner.algorithm=online_dpo")
-    stats = trainer.train_step(scored_groups(3, 2, rewards=[[1.0, 1.0], [0.0, 2.0], [3.0, 3.0]]))
+    groups = scored_groups(3, 2, rewards=[[1.0, 1.0], [0.0, 2.0], [3.0, 3.0]])
+    stats = trainer.train_step(train_groups(groups))
     assert (stats["pairs"], stats["ties_skipped"]) == (1.0, 2.0)
-    assert trainer.train_step(scored_groups(1, 2, rewards=[[1.0, 1.0]]))["skipped_step"] == 1.0
+    assert trainer.train_step(train_groups(scored_groups(1, 2, rewards=[[1.0, 1.0]])))["skipped_step"] == 1.0
 
 
 @pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dr_grpo", "reinforce_pp"])
@@ -69,7 +70,7 @@ def test_policy_gradient_family_raises_the_best_sample(algorithm):
     groups = scored_groups(4, 3)  # sample 2 best, sample 0 worst
     before = sequence_logps(policy, groups)
     for _ in range(3):
-        trainer.train_step(groups)
+        trainer.train_step(train_groups(groups))
     gain = sequence_logps(policy, groups) - before
     assert (gain[:, 2] - gain[:, 0]).mean() > 0.3
 
@@ -78,7 +79,7 @@ def test_best_of_n_lowers_the_nll_of_the_best_sample():
     trainer, policy = make_trainer("learner.algorithm=best_of_n")
     groups = scored_groups(4, 3)
     before = sequence_logps(policy, groups)[:, 2]
-    nll = [trainer.train_step(groups)["nll"] for _ in range(3)]
+    nll = [trainer.train_step(train_groups(groups))["nll"] for _ in range(3)]
     assert (sequence_logps(policy, groups)[:, 2] - before).mean() > 0.5
     assert nll[-1] < nll[0]
 
@@ -87,14 +88,14 @@ def test_ppo_value_loss_falls_on_a_fixed_batch():
     trainer, _ = make_trainer("learner.algorithm=ppo", "learner.ppo.epochs=2", "learner.ppo.minibatches=2",
                               "learner.ppo.vf_coef=1.0")
     groups = scored_groups(4, 2)
-    value_losses = [trainer.train_step(groups)["value_loss"] for _ in range(4)]
+    value_losses = [trainer.train_step(train_groups(groups))["value_loss"] for _ in range(4)]
     assert value_losses[-1] < 0.5 * value_losses[0]
 
 
 def test_lora_trains_only_the_adapter():
     trainer, policy = make_trainer("learner.algorithm=online_dpo", lora=True)
     frozen = {n: p.detach().clone() for n, p in policy.module.named_parameters() if "lora_" not in n}
-    trainer.train_step(scored_groups(4, 2))
+    trainer.train_step(train_groups(scored_groups(4, 2)))
     for name, p in policy.module.named_parameters():
         if "lora_" not in name:
             assert torch.equal(p, frozen[name]), name
@@ -106,9 +107,9 @@ def test_stale_groups_with_tis_are_trained_with_capped_weights():
                               "learner.kl.coef=0.0")
     # behaviour log-probs of -20 per token make pi/mu huge: every weight must be clamped to the cap
     groups = scored_groups(2, 2, logprob=-20.0)
-    stats = trainer.train_step(groups, corrected=[True, False])
+    stats = trainer.train_step(train_groups(groups, corrected=[True, False]))
     assert 1.0 < stats["behaviour_weight"] <= 1.5
-    fresh = trainer.train_step(groups, corrected=[False, False])
+    fresh = trainer.train_step(train_groups(groups))
     assert fresh["behaviour_weight"] == pytest.approx(1.0)
 
 
@@ -116,7 +117,7 @@ def test_zero3_trains_and_gathers_full_weights_to_push():
     trainer, policy = make_trainer("learner.algorithm=online_dpo", "learner.deepspeed.zero_stage=3")
     groups = scored_groups(4, 2)
     before = engine.full_state_dict(policy.module, 3, only_adapters=False)
-    trainer.train_step(groups)
+    trainer.train_step(train_groups(groups))
     after = engine.full_state_dict(policy.module, 3, only_adapters=False)
     reference = load_policy("tiny").state_dict()
     assert {n: t.shape for n, t in after.items()} == {n: t.shape for n, t in reference.items()}

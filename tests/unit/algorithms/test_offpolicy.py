@@ -4,7 +4,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from asyncrlhf.algorithms import decoupled_ppo_loss, importance_weights, ppo_policy_loss, staleness_mask
+from asyncrlhf.algorithms import (
+    StalenessDecision,
+    decoupled_ppo_loss,
+    importance_weights,
+    ppo_policy_loss,
+    staleness_decision,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -67,13 +73,31 @@ def test_decoupled_ppo_hand_computed():
     assert_close(logprobs.grad, torch.tensor([[-1.0, 0.0]]))
 
 
-def test_staleness_mask():
-    versions = torch.tensor([10, 9, 8, 7, 11])
-    assert staleness_mask(versions, current=10, max_staleness=2).tolist() == [True, True, True, False, False]
-    on_policy = staleness_mask(versions, current=10, max_staleness=0)
-    assert on_policy.tolist() == [True, False, False, False, False]
+def test_staleness_decision_within_the_bound_is_fresh_whatever_the_policy():
+    # learner at version 10, bound 2: versions 10, 9, 8 are 0, 1, 2 old
+    for version, age in ((10, 0), (9, 1), (8, 2)):
+        for policy in ("drop", "keep", "tis", "decoupled"):
+            assert staleness_decision(version, 10, 2, policy) == StalenessDecision(age, "fresh")
 
 
-def test_staleness_mask_rejects_negative_bound():
+@pytest.mark.parametrize(
+    ("policy", "action", "trained", "corrected"),
+    [("drop", "drop", False, False), ("keep", "keep", True, False), ("tis", "correct", True, True),
+     ("decoupled", "correct", True, True)],
+)
+def test_staleness_decision_beyond_the_bound_follows_the_policy(policy, action, trained, corrected):
+    decision = staleness_decision(7, 10, 2, policy)  # 3 versions old, bound 2
+    assert decision == StalenessDecision(3, action)
+    assert (decision.trained, decision.corrected) == (trained, corrected)
+
+
+def test_staleness_decision_on_policy_bound():
+    assert staleness_decision(10, 10, 0, "drop").action == "fresh"
+    assert staleness_decision(9, 10, 0, "drop").action == "drop"
+
+
+def test_staleness_decision_rejects_negative_bound_and_unknown_policy():
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
-        staleness_mask(torch.tensor([1]), current=1, max_staleness=-1)
+        staleness_decision(1, 1, -1, "drop")
+    with pytest.raises(ValueError, match="unknown stale_policy 'sometimes'"):
+        staleness_decision(1, 5, 0, "sometimes")

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
-from asyncrlhf.training.batch import build_batch
+from asyncrlhf.algorithms import StalenessDecision
+from asyncrlhf.training.batch import TrainGroup, build_batch
 
 pytestmark = pytest.mark.unit
 
@@ -16,8 +17,9 @@ def group(gid, prompt, completions, version=1):
 
 
 def test_prompts_left_padded_completions_aligned_at_one_column():
-    batch = build_batch([group("a", [5, 6], [[7], [8, 9, 10]]), group("b", [4, 5, 6], [[11, 12], [13]], version=3)],
-                        pad_id=0, corrected=[False, True])
+    stale = StalenessDecision(2, "correct")
+    batch = build_batch([TrainGroup(group("a", [5, 6], [[7], [8, 9, 10]])),
+                         TrainGroup(group("b", [4, 5, 6], [[11, 12], [13]], version=3), stale)], pad_id=0)
     # P = 3 (longest prompt), T = 3 (longest completion)
     assert batch.input_ids.tolist() == [
         [0, 5, 6, 7, 0, 0],
@@ -40,4 +42,4 @@ def test_prompts_left_padded_completions_aligned_at_one_column():
 
 def test_groups_of_different_sizes_are_refused():
     with pytest.raises(ValueError, match="same number of samples"):
-        build_batch([group("a", [5], [[7], [8]]), group("b", [5], [[7]])], pad_id=0)
+        build_batch([TrainGroup(group("a", [5], [[7], [8]])), TrainGroup(group("b", [5], [[7]]))], pad_id=0)

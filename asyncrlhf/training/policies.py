@@ -1,0 +1,47 @@
+"""The learner's models as DeepSpeed engines: the policy, the frozen reference and the value model, as the
+objective needs them.
+
+With LoRA the reference is the policy's own base model (adapters disabled), so it costs no second copy; a
+full fine-tune keeps a frozen copy on the policy's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrlhf.config import Config, ModelConfig
+from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
+from asyncrlhf.training import engine
+from asyncrlhf.training.objectives import Objective
+
+
+@dataclass
+class LearnerModels:
+    policy: object  # DeepSpeed engine of the policy
+    reference: ReferencePolicy | None
+    value: object | None  # DeepSpeed engine of the value model (PPO), or None
+
+
+def build_models(cfg: Config, objective: Objective) -> LearnerModels:
+    lc = cfg.learner
+    policy = load_policy(cfg.model, lora=lc.lora)
+    frozen_base = None if lc.lora.enabled or not objective.needs_reference else load_policy(cfg.model)
+    policy_engine = engine.initialize(policy, lc)
+    reference = None
+    if objective.needs_reference:
+        base = policy_engine.module if lc.lora.enabled else frozen_base.to(policy_engine.device)
+        reference = ReferencePolicy(base)
+    value_engine = None
+    if objective.needs_values:
+        value_engine = engine.initialize(load_score_model(value_source(cfg)), lc)
+    return LearnerModels(policy_engine, reference, value_engine)
+
+
+def value_source(cfg: Config) -> ModelConfig | str:
+    """What PPO's value model starts from: the policy (default) or the reward model's weights."""
+    if cfg.learner.ppo.value_init == "reward_model":
+        paths = [s.path for s in cfg.reward.scorers if s.kind == "model" and s.path]
+        if not paths:
+            raise ValueError("learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path")
+        return paths[0]
+    return cfg.model

@@ -1,0 +1,163 @@
+"""Rank 0's schedule: prompts enqueued under the in-flight bound, scored groups read and admitted, groups
+finished.
+
+A scored group is admitted once: de-duplicated against the consumed log (a group trained before a crash and
+redelivered is acked, never trained twice), validated (else dead-lettered), and judged for staleness by
+`asyncrlhf.algorithms.staleness_decision` (dropped, or admitted with the decision as part of the group). A
+group finishes when it is trained, dropped or dead-lettered: that frees its credit, so the feed enqueues the
+next prompt. In flight = enqueued - finished; both counters live in Redis and survive a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from asyncrlhf.algorithms import StalenessDecision, staleness_decision
+from asyncrlhf.config import Config
+from asyncrlhf.consumed import CONSUMED_LOG, ConsumedLog
+from asyncrlhf.models import encode_prompts
+from asyncrlhf.streams import DEAD_LETTER, PROMPTS, ROLLOUTS, SCORED, Delivery, RunStreams
+from asyncrlhf.tasks import load_task
+from asyncrlhf.training.batch import TrainGroup, validate_group
+from asyncrlhf.training.checkpoint import LearnerState
+from services.learner.feed import PromptFeed
+from services.learner.metrics import LearnerMetrics
+
+log = logging.getLogger("asyncrlhf.learner")
+GROUP = "learner"
+_STALE_LABELS = {"keep": "kept", "correct": "corrected", "drop": "dropped"}
+
+
+@dataclass
+class StepBatch:
+    """The deliveries of one step, each with the staleness decision that admitted it."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    decisions: list[StalenessDecision] = field(default_factory=list)
+
+    def groups(self) -> list[TrainGroup]:
+        return [TrainGroup(d.message, s) for d, s in zip(self.deliveries, self.decisions)]
+
+    def sorted(self) -> StepBatch:
+        """In group-id order, so a step's batch does not depend on arrival order."""
+        order = sorted(range(len(self.deliveries)), key=lambda i: self.deliveries[i].identity)
+        return StepBatch([self.deliveries[i] for i in order], [self.decisions[i] for i in order])
+
+
+class Schedule:
+    def __init__(self, cfg: Config, client: redis.Redis, streams: RunStreams, tokenizer, state: LearnerState,
+                 metrics: LearnerMetrics):
+        self.cfg, self.client, self.streams, self.metrics = cfg, client, streams, metrics
+        self.consumer = streams.consumer(SCORED, GROUP, f"learner-{uuid.uuid4().hex[:6]}")
+        self.consumed = ConsumedLog(cfg.run.path / CONSUMED_LOG)
+        self.credits = streams.credits((cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step)
+        task = load_task(cfg.task)
+        self.feed = PromptFeed(client, streams.producer(PROMPTS), self.credits, task.train,
+                               encode_prompts(tokenizer, task.train, cfg.model),
+                               k=cfg.generator.samples_per_prompt, seed=cfg.run.seed,
+                               data_epochs=cfg.learner.data_epochs, cursor_key=streams.key("feed_cursor"))
+        self._finished_key = streams.key("learner_finished")
+        self._dlq_cursor_key = streams.key("learner_dead_letter_cursor")
+        if self.feed.cursor < state.cursor:  # Redis came back empty: continue after the checkpoint's groups
+            client.set(self.feed.cursor_key, state.cursor)
+            client.set(self._finished_key, state.finished)
+        self.credits.reset(max(0, self.feed.cursor - self.finished))
+
+    @property
+    def finished(self) -> int:
+        return int(self.client.get(self._finished_key) or 0)
+
+    def collect(self, version: int, stop: threading.Event, while_waiting: Callable[[], None]) -> StepBatch | None:
+        """Read scored groups until a step's worth is admitted; enqueue prompts and call `while_waiting`
+        (late generators) between reads. None when stopped or the prompt set is exhausted."""
+        lc = self.cfg.learner
+        batch = StepBatch()
+        waited = time.perf_counter()
+        while len(batch.deliveries) < lc.groups_per_step:
+            if stop.is_set():
+                return None
+            self.feed.fill(version)
+            while_waiting()
+            self._reap_dead_letters(version)
+            self._observe_queues()
+            if self.feed.exhausted and self.credits.in_flight == 0 and not batch.deliveries:
+                log.info("the prompt set is exhausted (learner.data_epochs=%d)", lc.data_epochs)
+                return None
+            for delivery in self.consumer.read(lc.groups_per_step - len(batch.deliveries)):
+                self._admit(delivery, batch, version)
+        self.metrics.wait.inc(time.perf_counter() - waited)
+        return batch.sorted()
+
+    def trained(self, batch: StepBatch, version: int) -> None:
+        """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
+        ids = [d.identity for d in batch.deliveries]
+        self.consumed.append("trained", version, ids, staleness=[s.staleness for s in batch.decisions])
+        self.consumer.ack(batch.deliveries)
+
+    def release(self, batch: StepBatch, version: int) -> None:
+        """Free a trained step's credits and enqueue the next prompts at once."""
+        self._finish(len(batch.deliveries), f"trained:{batch.deliveries[0].identity}")
+        self.feed.fill(version)
+
+    def _admit(self, delivery: Delivery, batch: StepBatch, version: int) -> None:
+        group, lc = delivery.message, self.cfg.learner
+        if delivery.identity in self.consumed.ids:  # trained before a crash, redelivered: never twice
+            self.consumer.ack([delivery])
+            return
+        problem = validate_group(group, self.cfg.generator.samples_per_prompt)
+        if problem:
+            self.consumer.dead_letter(delivery, f"learner cannot train on it: {problem}")
+            return  # its credit comes back through the dead-letter scan
+        decision = staleness_decision(group.policy_version, version, lc.max_staleness, lc.stale_policy)
+        if decision.action != "fresh":
+            self.metrics.stale.labels(_STALE_LABELS[decision.action]).inc()
+        if not decision.trained:
+            self.consumed.append("dropped", version, [delivery.identity], staleness=decision.staleness)
+            self.consumer.ack([delivery])
+            self.metrics.groups.labels("dropped").inc()
+            self._finish(1, f"dropped:{delivery.identity}")
+            return
+        batch.deliveries.append(delivery)
+        batch.decisions.append(decision)
+
+    def _finish(self, n: int, token: str) -> None:
+        """Count `n` groups finished and free their credits, once per `token` (see `PromptCredits.release`):
+        a group id of theirs, since each group finishes once (the consumed log makes sure)."""
+        self.metrics.in_flight.set(self.credits.release(n, token, finished_key=self._finished_key))
+
+    def _reap_dead_letters(self, version: int) -> None:
+        """Dead-lettered groups of this run will never arrive: count them finished and free their credits."""
+        cursor = (self.client.get(self._dlq_cursor_key) or b"0-0").decode()
+        key = self.streams.key(DEAD_LETTER)
+        entries = self.client.xrange(key, min=f"({cursor}", count=1000) if cursor != "0-0" \
+            else self.client.xrange(key, count=1000)
+        if not entries:
+            return
+        lost = []
+        for _, fields in entries:
+            ident = fields.get(b"id", b"").decode()
+            stream = fields.get(b"stream", b"").decode()
+            if stream in (PROMPTS.name, ROLLOUTS.name, SCORED.name) and ident not in self.consumed.ids \
+                    and self.feed.enqueued(ident):
+                lost.append(ident)
+        lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) finishes once
+        if lost:
+            self.consumed.append("dead_lettered", version, lost)
+            self.metrics.groups.labels("dead_lettered").inc(len(lost))
+            self._finish(len(lost), f"dead_lettered:{lost[0]}")
+        self.client.set(self._dlq_cursor_key, entries[-1][0])
+        self.metrics.dead_letters.set(self.client.xlen(key))
+
+    def _observe_queues(self) -> None:
+        for spec, group in ((PROMPTS, "generators"), (ROLLOUTS, "reward"), (SCORED, GROUP)):
+            s = self.streams.stats(spec, group)
+            self.metrics.queue_depth.labels(spec.name).set(s.length)
+            self.metrics.queue_lag.labels(spec.name).set(s.lag)
+        self.metrics.in_flight.set(self.credits.in_flight)
