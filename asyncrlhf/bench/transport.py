@@ -32,7 +32,9 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, Rollou
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import ROLLOUTS, RunStreams, connect
-from asyncrlhf.weights import GRPC_OPTIONS, PushTarget, WeightPusher, WeightReceiver, serve, swap_in
+from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.receiver import WeightReceiver, swap_in
+from asyncrlhf.weights.server import GRPC_OPTIONS, serve
 
 K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
 
@@ -89,8 +91,10 @@ class _Tensors:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.tensors
 
-    def apply(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return swap_in(self.tensors, tensors)
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+    ) -> dict[str, torch.Tensor]:
+        return swap_in(self.tensors, tensors, adopt=adopt)
 
 
 def state_dict(params: int, tensor_params: int = 4 << 20) -> dict[str, torch.Tensor]:

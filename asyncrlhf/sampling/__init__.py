@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence
 import torch
 
 from asyncrlhf.config import Config, SamplingConfig
+from asyncrlhf.weights.receiver import WeightTarget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -35,8 +36,9 @@ class Completion:
     finish: Finish
 
 
-class Backend(Protocol):
-    """What the generator loop, the WeightSync receiver and `/v1/completions` need from a sampler."""
+class Backend(WeightTarget, Protocol):
+    """What the generator loop, the WeightSync receiver and `/v1/completions` need from a sampler: a
+    `WeightTarget` (pushed weights are applied with `apply_weights`) that generates."""
 
     @property
     def version(self) -> int:
@@ -49,13 +51,6 @@ class Backend(Protocol):
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         """Name -> tensor (shape, dtype) that a weight push may update: the full state dict, or the LoRA
         adapter tensors in a LoRA run; names as in the learner's (PEFT-wrapped) model."""
-
-    def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False
-    ) -> Mapping[str, torch.Tensor] | None:
-        """Swap in verified tensors (CPU, the pushed dtype) and serve them as `version`. With `adopt` (the
-        caller hands them over, as a `WeightReceiver` does) a backend may make them its live storage and
-        return the tensors they replaced, as `WeightTarget.apply` does; otherwise it copies them."""
 
 
 def create_backend(cfg: Config, tokenizer: "PreTrainedTokenizerBase") -> Backend:

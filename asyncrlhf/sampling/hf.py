@@ -25,8 +25,9 @@ from torch import nn
 from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, load_policy, resolve_device, set_threads
-from asyncrlhf.weights import adapter_tensors, swap_in
 from asyncrlhf.sampling import Completion, Finish
+from asyncrlhf.weights.codec import adapter_tensors
+from asyncrlhf.weights.receiver import swap_in
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class HFBackend:
 
     @torch.no_grad()
     def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False
+        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
     ) -> dict[str, torch.Tensor]:
         # adopted: tensors of the live dtype become live storage, no copy; the replaced ones go back
         replaced = swap_in(self._live, tensors, adopt=adopt)

@@ -16,9 +16,9 @@ from torch import nn
 
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, resolve_device
-from asyncrlhf.weights import adapter_tensors
 from asyncrlhf.sampling import Completion
 from asyncrlhf.sampling.hf import HFBackend, completion_logprobs, left_pad
+from asyncrlhf.weights.codec import adapter_tensors
 
 
 def sampling_for(temperature: float, max_new_tokens: int) -> SamplingConfig:
@@ -107,8 +107,8 @@ class PolicySampler:
             self._vllm = create_backend(
                 self.cfg.model_copy(update={"generator": generator, "learner": learner}), self.tokenizer
             )
-        state = policy.state_dict()
-        self._vllm.apply_weights(adapter_tensors(state) if is_lora(policy) else state, version)
+        state = policy.state_dict()  # the policy's own tensors: copied, never adopted
+        self._vllm.apply_weights(adapter_tensors(state) if is_lora(policy) else state, version, adopt=False)
         return self._vllm
 
 

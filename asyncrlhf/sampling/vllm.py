@@ -28,8 +28,8 @@ import torch
 
 from asyncrlhf.config import Config, LoraConfig, ModelConfig, SamplingConfig
 from asyncrlhf.models import load_policy, resolve_model_dir, wrap_lora
-from asyncrlhf.weights import adapter_tensors
 from asyncrlhf.sampling import Completion
+from asyncrlhf.weights.codec import adapter_tensors
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,9 @@ class VLLMBackend:
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.skeleton
 
-    def apply_weights(self, tensors: Mapping[str, torch.Tensor], version: int, adopt: bool = False) -> None:
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+    ) -> None:
         """Load into the engine (a copy to the GPU either way, so `adopt` changes nothing)."""
         if self.lora.enabled:
             self._load_adapter(tensors, version)

@@ -1,8 +1,9 @@
 """WeightSync wiring: the gRPC server that receives pushes into the backend, and the registry heartbeat.
 
-A push is staged and verified by `asyncrlhf.weights.WeightReceiver`; on commit `WeightSwap.apply` takes the
-backend gate (so it waits for the batch in progress, and goes before the next one), swaps the tensors in
-and sets the backend's version, all before the pusher gets its reply.
+A push is staged and verified by `asyncrlhf.weights.receiver.WeightReceiver`; on commit it calls
+`WeightSwap.apply_weights` with the verified version, which takes the backend gate (so it waits for the
+batch in progress, and goes before the next one), swaps the tensors in and sets the backend's version, all
+before the pusher gets its reply.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import grpc
 import redis
@@ -19,9 +20,10 @@ import torch
 
 from asyncrlhf.config import Config
 from asyncrlhf.registry import Heartbeat, Registry
-from asyncrlhf.service import check_bind
-from asyncrlhf.weights import WeightReceiver, serve
 from asyncrlhf.sampling import Backend
+from asyncrlhf.service import check_bind
+from asyncrlhf.weights.receiver import WeightReceiver
+from asyncrlhf.weights.server import serve
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
@@ -29,26 +31,22 @@ _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 class WeightSwap:
-    """The `WeightTarget` of this generator's receiver: applies a verified push to the backend between
-    generation batches, as the version the receiver is receiving."""
+    """The generator's `WeightTarget`: the backend's, applied between generation batches and counted."""
 
     def __init__(self, backend: Backend, gate: BackendGate, metrics: GeneratorMetrics,
                  on_applied: Callable[[int], None] = lambda version: None):
         self.backend, self.gate, self.metrics, self.on_applied = backend, gate, metrics, on_applied
         self.arrived = threading.Event()  # set once the first version is live
-        # After a restart: no version (0) until the learner pushes one.
-        self.receiver = WeightReceiver(self, version=0)
 
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.backend.named_tensors()
 
-    def apply(self, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor] | None:
-        version = self.receiver.incoming_version
-        if version is None:
-            raise RuntimeError("WeightSwap.apply is called by its WeightReceiver, during a push")
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+    ) -> Mapping[str, torch.Tensor] | None:
         start = time.perf_counter()
         with self.gate.swapping():
-            replaced = self.backend.apply_weights(tensors, version, adopt=True)
+            replaced = self.backend.apply_weights(tensors, version, adopt=adopt)
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()
         self.metrics.version.set(version)
@@ -71,7 +69,8 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     """Serve WeightSync on `generator.grpc_host:grpc_port` (token-checked when `run.token` is set)."""
     host = cfg.generator.grpc_host
     check_bind(host, cfg, "WeightSync")
-    server, port = serve(swap.receiver, host, cfg.generator.grpc_port, cfg.run.token,
+    receiver = WeightReceiver(swap, version=0)  # after a restart: no version (0) until the learner pushes one
+    server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
                          allow_insecure_bind=cfg.run.allow_insecure_bind)
     return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}")
 

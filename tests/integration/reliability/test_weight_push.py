@@ -14,7 +14,8 @@ import redis
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy
-from asyncrlhf.weights import AUTH_METADATA_KEY, GRPC_OPTIONS, encoded_chunks, prepare
+from asyncrlhf.weights.codec import encoded_chunks, prepare
+from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS
 from tests.integration.generator.helpers import START_TIMEOUT_S, GeneratorProcess, members, wait_for
 
 pytestmark = pytest.mark.integration

@@ -3,8 +3,8 @@ import torch
 
 from asyncrlhf.config import SamplingConfig, load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.weights import adapter_tensors
 from asyncrlhf.sampling.hf import HFBackend, left_pad, positions, trim_at_eos
+from asyncrlhf.weights.codec import adapter_tensors
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
 
 pytestmark = pytest.mark.unit
@@ -78,6 +78,20 @@ def test_a_model_that_prefers_one_token_samples_only_it(tiny):
     (group,) = backend.generate(encode_prompts(tokenizer, ["anything"], cfg.model), 4, sampling)
     assert [c.token_ids for c in group] == [[a] * 7] * 4
     assert all(c.finish == "length" for c in group)
+
+
+def test_apply_weights_adopts_the_tensors_only_when_handed_over(tiny):
+    cfg, tokenizer, _ = tiny
+    backend = HFBackend.from_config(cfg, tokenizer)
+    name = next(n for n in backend.named_tensors() if n.endswith("q_proj.weight"))  # not a tied weight
+    live = backend.named_tensors()[name]
+    kept = {name: torch.ones_like(live)}
+    assert backend.apply_weights(kept, version=1) == {} and backend.version == 1  # copied: still the caller's
+    assert backend.named_tensors()[name].data_ptr() != kept[name].data_ptr()
+    handed = {name: torch.full_like(live, 2.0)}
+    replaced = backend.apply_weights(handed, version=2, adopt=True)
+    assert backend.named_tensors()[name].data_ptr() == handed[name].data_ptr()  # its live storage now
+    assert torch.equal(replaced[name], kept[name]) and backend.version == 2  # the storage it replaced
 
 
 def test_lora_backend_exposes_the_learners_adapter_names():

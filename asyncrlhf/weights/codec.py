@@ -1,0 +1,162 @@
+"""The WeightSync wire format: tensors <-> WeightChunk bytes, their dtypes and their checksums.
+
+A push is each tensor in `chunk_bytes` slices (its XXH3-64 checksum on the last slice), then one commit
+message. Tensor bytes are the bulk of a push, so they are never copied through protobuf objects:
+`encode_chunk` writes a WeightChunk as its small header message followed by the `data` field, and
+`decode_chunk` reads the header with protobuf and hands `data` back as a view of the received buffer. The
+bytes on the wire are a standard WeightChunk; any protobuf client or server interoperates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+import xxhash
+
+from asyncrlhf._proto import weights_pb2 as pb
+
+MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
+
+TO_WIRE: dict[torch.dtype, int] = {
+    torch.float32: pb.DTYPE_FLOAT32,
+    torch.bfloat16: pb.DTYPE_BFLOAT16,
+    torch.float16: pb.DTYPE_FLOAT16,
+    torch.int64: pb.DTYPE_INT64,
+    torch.int32: pb.DTYPE_INT32,
+    torch.uint8: pb.DTYPE_UINT8,
+    torch.bool: pb.DTYPE_BOOL,
+}
+FROM_WIRE: dict[int, torch.dtype] = {v: k for k, v in TO_WIRE.items()}
+PUSH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class WireTensor:
+    """A tensor ready to send: cast, contiguous, on CPU, as raw bytes. Shared by every target of a push."""
+
+    name: str
+    dtype: int  # pb.DType
+    shape: tuple[int, ...]
+    data: memoryview  # raw bytes, C order
+    tensor: torch.Tensor  # keeps `data` alive
+
+
+def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) -> WireTensor:
+    """Prepare one tensor: floating tensors are cast to `cast` (if given), others are sent as they are."""
+    t = tensor.detach()
+    if cast is not None and t.is_floating_point():
+        t = t.to(cast)
+    t = t.to("cpu").contiguous()
+    if t.dtype not in TO_WIRE:
+        supported = sorted(map(str, TO_WIRE))
+        raise ValueError(f"cannot push tensor `{name}` of dtype {t.dtype}; supported: {supported}")
+    data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return WireTensor(name, TO_WIRE[t.dtype], tuple(t.shape), data, t)
+
+
+def prepare(
+    state_dict: Mapping[str, torch.Tensor], dtype: str | torch.dtype | None = None
+) -> list[WireTensor]:
+    """Every tensor of `state_dict` ready to send, floating ones cast to `dtype` ("bfloat16", ...)."""
+    cast = PUSH_DTYPES[dtype] if isinstance(dtype, str) else dtype
+    return [to_wire(name, tensor, cast) for name, tensor in state_dict.items()]
+
+
+def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Only the LoRA adapter tensors (PEFT names contain `lora_`): what a LoRA run pushes."""
+    return {name: t for name, t in state_dict.items() if "lora_" in name}
+
+
+def checksum(tensor: WireTensor) -> int:
+    """XXH3-64 of a tensor's bytes as sent (the hash releases the GIL)."""
+    return xxhash.xxh3_64_intdigest(tensor.data)
+
+
+def encoded_chunks(
+    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False,
+    checksums: Sequence[Future[int]] | None = None,
+) -> Iterator[bytes]:
+    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its checksum on the
+    last), then the commit message. `checksums` (one per tensor, computed ahead in another thread and shared
+    by every target of a push) keep hashing off the sending path; without them each is computed here."""
+    if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
+        raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
+    for i, t in enumerate(tensors):
+        nbytes = t.data.nbytes
+        for offset in range(0, max(nbytes, 1), chunk_bytes):
+            last = offset + chunk_bytes >= nbytes
+            digest = (checksum(t) if checksums is None else checksums[i].result()) if last else 0
+            header = pb.WeightChunk(version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
+                                    checksum=digest)
+            yield encode_chunk(header, t.data[offset:offset + chunk_bytes])
+    commit = pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial)
+    yield commit.SerializeToString()
+
+
+def chunks(
+    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False
+) -> Iterator[pb.WeightChunk]:
+    """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
+    return (pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors, version, chunk_bytes, partial))
+
+
+_DATA_FIELD = pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number
+_DATA_TAG = bytes([_DATA_FIELD << 3 | 2])  # field 6, length-delimited
+
+
+def encode_chunk(header: pb.WeightChunk, data: memoryview | bytes) -> bytes:
+    """Serialize `header` with `data` as its `data` field, copying the bytes once."""
+    return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(data)), data))
+
+
+def decode_chunk(raw: bytes) -> tuple[pb.WeightChunk, memoryview]:
+    """Parse a serialized WeightChunk into its header (everything but `data`) and a view of `data`."""
+    view, pos, data, rest = memoryview(raw), 0, memoryview(b""), []
+    while pos < len(raw):
+        start = pos
+        key, pos = _read_varint(raw, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, pos = _read_varint(raw, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, pos = _read_varint(raw, pos)
+            if field == _DATA_FIELD:
+                data, start = view[pos:pos + length], None
+            pos += length
+        else:
+            raise ValueError(f"WeightChunk: unsupported wire type {wire_type}")
+        if pos > len(raw):
+            raise ValueError("WeightChunk: truncated message")
+        if start is not None:
+            rest.append(view[start:pos])
+    return pb.WeightChunk.FromString(b"".join(rest)), data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(raw) or shift > 63:
+            raise ValueError("WeightChunk: malformed varint")
+        byte = raw[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos

@@ -1,0 +1,265 @@
+"""The receiving side of a push: stage, verify, atomic swap, and the one interface that applies weights.
+
+A `WeightReceiver` stages a push chunk by chunk, verifying every tensor against the live model
+(`WeightTarget.named_tensors`: name, shape, dtype) and its checksum, and only on the commit message hands
+the complete set to `WeightTarget.apply_weights` with the version it verified: the atomic swap. Any problem
+raises `PushRejected` before anything live is touched, so the target keeps serving its previous version
+bit for bit. Nothing read from the wire is unpickled: tensors are raw bytes viewed with a known dtype.
+
+`WeightTarget` is the one way weights are applied: the sampling backends, `ModuleTarget` (a torch module)
+and the generator service's `WeightSwap` implement it; the receiver, the offline stages and the tests call it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+import xxhash
+
+from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.weights.codec import FROM_WIRE
+
+Reason = Literal[
+    "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
+    "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors",
+]
+
+
+class PushRejected(Exception):
+    """A push the receiver refuses; nothing live was changed."""
+
+    def __init__(self, reason: Reason, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+class WeightTarget(Protocol):
+    """What weights are applied to: the live named tensors a push is verified against, and the atomic swap."""
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        """Name -> live tensor (only shape and dtype are read); a push may update exactly these names."""
+
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+    ) -> Mapping[str, torch.Tensor] | None:
+        """Swap in verified tensors all at once and serve them as `version`. They are CPU tensors with the
+        live shapes, in the pushed dtype (a floating push dtype may differ from the live one: copy with a
+        cast). Without `adopt` the caller keeps them: copy them and keep no reference. With `adopt` (the
+        caller hands them over, as a `WeightReceiver` does with its staging buffers) a target may make some
+        its live storage with no copy (`swap_in`) and return the tensors they replaced, which the model no
+        longer uses and the caller reuses; tensors it copies stay the caller's (the receiver stages the next
+        push into them), so it keeps no reference to those either. Adopting nothing, it returns {} or None."""
+
+
+def swap_in(
+    live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], *, adopt: bool
+) -> dict[str, torch.Tensor]:
+    """Make each of `tensors` the storage of the live tensor of the same name (`live[name].data = new`, no
+    copy) where that is safe: same dtype and device, contiguous, storage not shared with another live name
+    (tied weights); copy the rest (all of them when not `adopt`). Returns the replaced storages, by name, for
+    the caller to reuse."""
+    owners: dict[int, int] = {}
+    for t in live.values():
+        owners[t.data_ptr()] = owners.get(t.data_ptr(), 0) + 1
+    replaced: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, new in tensors.items():
+            old = live[name]
+            if (adopt and old.dtype == new.dtype and old.device == new.device and old.is_contiguous()
+                    and new.is_contiguous() and owners[old.data_ptr()] == 1):
+                replaced[name] = old.data
+                old.data = new
+            else:
+                old.copy_(new)
+    return replaced
+
+
+class ModuleTarget:
+    """A `WeightTarget` over a torch module's state dict (optionally only the names in `names`, e.g. LoRA
+    adapters). `lock` is held while applying: a generator holds it around each generation batch, so a
+    push lands between batches and never mid-group. A module has no version of its own: the receiver's
+    `version` is the one it serves."""
+
+    def __init__(self, module: torch.nn.Module, names: Iterable[str] | None = None):
+        self.module = module
+        self.lock = threading.Lock()
+        state = module.state_dict(keep_vars=True)
+        wanted = set(state) if names is None else set(names)
+        missing = wanted - set(state)
+        if missing:
+            raise KeyError(f"ModuleTarget: the module has no tensors named {sorted(missing)[:5]}")
+        self._live = {name: state[name] for name in state if name in wanted}
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self._live
+
+    def apply_weights(
+        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+    ) -> dict[str, torch.Tensor]:
+        with self.lock:
+            return swap_in(self._live, tensors, adopt=adopt)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    version: int
+    tensor_count: int
+    bytes: int
+    apply_seconds: float
+
+
+@dataclass(frozen=True)
+class ReceiverStatus:
+    version: int
+    updated_at: float
+    tensor_count: int
+
+
+def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
+    for message in messages:
+        yield message if isinstance(message, tuple) else (message, memoryview(message.data))
+
+
+class _Staging:
+    """One tensor being received: a byte buffer filled in order, with a running checksum. Offsets are
+    checked at once; the copy and the checksum run on `worker` (one thread, so in order) while the gRPC
+    thread waits for the next chunk. `wait` before reading the buffer or reusing it."""
+
+    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
+        self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
+        self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
+        self.nbytes, self.filled, self.digest, self.checksum = buffer.numel(), 0, xxhash.xxh3_64(), None
+        self._pending: Future | None = None
+
+    def add(self, header: pb.WeightChunk, data: memoryview) -> None:
+        end = self.filled + len(data)
+        if header.offset != self.filled or end > self.nbytes:
+            where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
+            raise PushRejected("bad_offset", f"`{self.name}`: {where}; send chunks in order")
+        self._pending = self._worker.submit(self._absorb, self.filled, end, data)
+        self.filled = end
+        if end == self.nbytes:
+            self.checksum = header.checksum
+
+    def _absorb(self, start: int, end: int, data: memoryview) -> None:
+        self._view[start:end] = np.frombuffer(data, dtype=np.uint8)  # both release the GIL
+        self.digest.update(data)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+
+    def finish(self) -> torch.Tensor:
+        self.wait()
+        if self.filled != self.nbytes or self.checksum is None:
+            raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
+        got = self.digest.intdigest()
+        if got != self.checksum:
+            raise PushRejected("bad_checksum",
+                               f"`{self.name}`: XXH3-64 {got:#018x}, expected {self.checksum:#018x}")
+        return self.buffer.view(self.dtype).reshape(self.shape)
+
+
+class WeightReceiver:
+    """Stages pushes and applies each atomically on commit; pushes are handled one at a time. Staging
+    buffers are kept between pushes (a second copy of the pushed tensors in CPU memory), so a push does
+    not pay for fresh allocations."""
+
+    def __init__(self, target: WeightTarget, version: int = 0):
+        self.target = target
+        self.version = version
+        self.updated_at = 0.0
+        self._lock = threading.Lock()
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
+
+    def status(self) -> ReceiverStatus:
+        return ReceiverStatus(self.version, self.updated_at, len(self.target.named_tensors()))
+
+    def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
+        """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
+        `PushRejected` (old weights intact) or return once the new version is live."""
+        with self._lock:
+            return self._receive(_as_pairs(messages))
+
+    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]]) -> PushResult:
+        live = self.target.named_tensors()
+        staged: dict[str, torch.Tensor] = {}
+        current: _Staging | None = None
+        version: int | None = None
+        received = 0
+        try:
+            for header, data in messages:
+                version = self._check_version(header, version)
+                if header.commit:
+                    if current is not None:
+                        staged[current.name] = current.finish()
+                    return self._commit(header, live, staged, received)
+                if current is None or header.name != current.name:
+                    if current is not None:
+                        staged[current.name] = current.finish()
+                    current = self._start(header, live, staged)
+                current.add(header, data)
+                received += len(data)
+        finally:
+            if current is not None:
+                current.wait()  # no copy may still write into a buffer the next push reuses
+        where = f" in `{current.name}`" if current is not None else ""
+        raise PushRejected("truncated", f"the stream ended before the commit message{where}")
+
+    def _check_version(self, header: pb.WeightChunk, version: int | None) -> int:
+        if version is None:
+            if header.version <= self.version:
+                raise PushRejected("stale_version",
+                                   f"version {header.version} is not newer than {self.version}")
+            return header.version
+        if header.version != version:
+            raise PushRejected("stale_version",
+                               f"version changed mid-push from {version} to {header.version}")
+        return version
+
+    def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping) -> _Staging:
+        name = header.name
+        if name not in live:
+            raise PushRejected("unknown_tensor", f"`{name}` is not a tensor of this model")
+        if name in staged:
+            raise PushRejected("duplicate_tensor", f"`{name}` was sent twice in one push")
+        target = live[name]
+        if tuple(header.shape) != tuple(target.shape):
+            raise PushRejected("shape_mismatch",
+                               f"`{name}`: pushed {list(header.shape)}, live {list(target.shape)}")
+        wire = FROM_WIRE.get(header.dtype)
+        castable = wire is not None and wire.is_floating_point and target.dtype.is_floating_point
+        if wire != target.dtype and not castable:
+            raise PushRejected("dtype_mismatch",
+                               f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
+        nbytes = target.numel() * wire.itemsize
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() != nbytes:
+            buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
+        return _Staging(header, buffer, self._worker)
+
+    def _commit(
+        self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int
+    ) -> PushResult:
+        if header.tensor_count != len(staged):
+            raise PushRejected("tensor_count",
+                               f"commit says {header.tensor_count} tensors, received {len(staged)}")
+        missing = set(live) - set(staged)
+        if missing and not header.partial:
+            example = min(missing)
+            raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{example}`); "
+                                                  "mark the commit partial to update only some")
+        start = time.perf_counter()
+        replaced = self.target.apply_weights(staged, header.version, adopt=True) or {}
+        for name, old in replaced.items():  # adopted buffers are live now; stage the next push into these
+            self._buffers[name] = old.detach().reshape(-1).view(torch.uint8)
+        self.version, self.updated_at = header.version, time.time()
+        return PushResult(header.version, len(staged), received, time.perf_counter() - start)

@@ -1,0 +1,134 @@
+"""The WeightSync gRPC surface: the servicer mapping proto <-> `WeightReceiver`, token auth, and `serve`.
+
+Every refusal, a rejected push or a missing token, becomes a gRPC status in one place (`_abort`, through
+`_STATUS`). PushWeights decodes its requests with `codec.decode_chunk`, so tensor bytes reach the receiver
+as views of the received buffers. The method path, the auth metadata key and the channel options are
+shared with the pusher.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
+from asyncrlhf.service import is_loopback
+from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, decode_chunk
+from asyncrlhf.weights.receiver import PushRejected, Reason, WeightReceiver
+
+AUTH_METADATA_KEY = "authorization"
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
+]
+SERVICE = pb.DESCRIPTOR.services_by_name["WeightSync"].full_name
+
+_STATUS: dict[Reason, grpc.StatusCode] = {
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "stale_version": grpc.StatusCode.FAILED_PRECONDITION,
+    "unknown_tensor": grpc.StatusCode.NOT_FOUND,
+    "shape_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
+    "dtype_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_offset": grpc.StatusCode.INVALID_ARGUMENT,
+    "duplicate_tensor": grpc.StatusCode.INVALID_ARGUMENT,
+    "tensor_count": grpc.StatusCode.INVALID_ARGUMENT,
+    "missing_tensors": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_checksum": grpc.StatusCode.DATA_LOSS,
+    "truncated": grpc.StatusCode.DATA_LOSS,
+}
+
+
+def _abort(context: grpc.ServicerContext, refusal: PushRejected) -> None:
+    """End the call (`abort` raises) with the status code of the refusal's reason; the details start with
+    the reason."""
+    context.abort(_STATUS[refusal.reason], str(refusal))
+
+
+class WeightSyncServicer(pb_grpc.WeightSyncServicer):
+    """Maps the WeightSync RPCs onto a `WeightReceiver`."""
+
+    def __init__(self, receiver: WeightReceiver):
+        self.receiver = receiver
+
+    def PushWeights(self, request_iterator: Iterator[tuple[pb.WeightChunk, memoryview]],
+                    context: grpc.ServicerContext) -> pb.PushReply:
+        try:
+            result = self.receiver.receive(request_iterator)
+        except PushRejected as err:
+            _abort(context, err)
+        return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
+                            apply_seconds=result.apply_seconds)
+
+    def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
+        status = self.receiver.status()
+        return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
+                                 tensor_count=status.tensor_count)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Refuses every call whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        sent = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
+        if hmac.compare_digest(str(sent).encode(), self._expected):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        refusal = PushRejected("unauthenticated",
+                               "missing or wrong token (set run.token or ASYNCRLHF_TOKEN on both sides)")
+
+        def deny(_request, context):
+            _abort(context, refusal)
+
+        if handler is None:
+            return None
+        if handler.request_streaming and not handler.response_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if not handler.request_streaming and not handler.response_streaming:
+            return grpc.unary_unary_rpc_method_handler(deny)
+        return grpc.stream_stream_rpc_method_handler(deny) if handler.request_streaming else \
+            grpc.unary_stream_rpc_method_handler(deny)
+
+
+def serve(
+    receiver: WeightReceiver,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    *,
+    allow_insecure_bind: bool = False,
+    max_workers: int = 4,
+) -> tuple[grpc.Server, int]:
+    """Start a WeightSync server for `receiver`; returns the server and its bound port."""
+    if token is None and not allow_insecure_bind and not is_loopback(host):
+        raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
+                         "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
+    interceptors = [TokenAuthInterceptor(token)] if token else []
+    server = grpc.server(ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
+                         options=GRPC_OPTIONS)
+    add_to_server(WeightSyncServicer(receiver), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind WeightSync to {host}:{port}")
+    server.start()
+    return server, bound
+
+
+def add_to_server(servicer: pb_grpc.WeightSyncServicer, server: grpc.Server) -> None:
+    """Register `servicer` like the generated `add_WeightSyncServicer_to_server`, except that PushWeights
+    decodes with `decode_chunk`, so its request iterator yields (header, data view) pairs: no copy of the
+    tensor bytes through protobuf objects."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        "PushWeights": grpc.stream_unary_rpc_method_handler(
+            servicer.PushWeights, request_deserializer=decode_chunk,
+            response_serializer=pb.PushReply.SerializeToString),
+        "GetStatus": grpc.unary_unary_rpc_method_handler(
+            servicer.GetStatus, request_deserializer=pb.GetStatusRequest.FromString,
+            response_serializer=pb.GetStatusReply.SerializeToString),
+    }),))

@@ -1,0 +1,47 @@
+"""A receiver-side stand-in for the generator service, a tiny model, and comparisons of exact state."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
+from asyncrlhf.weights.server import serve
+
+TOKEN = "s3cret"
+CHUNK = 8 << 10  # small, so every tensor of the tiny model spans several chunks
+
+
+def tiny_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    return LlamaForCausalLM(config).eval()
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class Generator:
+    """A receiver-side stand-in for the generator service: a live model behind a WeightSync server."""
+
+    def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None):
+        self.model = tiny_model(seed)
+        self.target = ModuleTarget(self.model, names)
+        self.receiver = WeightReceiver(self.target)
+        self.server, self.port = serve(self.receiver, token=token)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+def push(pusher: WeightPusher, state, version, gen: Generator, **kw):
+    (outcome,) = pusher.push(state, version, [PushTarget("g0", gen.address)], **kw)
+    return outcome

@@ -1,0 +1,87 @@
+"""The receiver fed directly, without a network: staging, the atomic swap, rejections."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrlhf.weights.codec import chunks, prepare
+from asyncrlhf.weights.receiver import ModuleTarget, PushRejected, WeightReceiver, swap_in
+
+pytestmark = pytest.mark.unit
+
+
+def test_receiver_accepts_plain_messages_and_swaps_without_allocating():
+    live = torch.nn.Linear(4, 3)
+    receiver = WeightReceiver(ModuleTarget(live))
+    new = {k: torch.randn_like(v) for k, v in live.state_dict().items()}
+    assert receiver.receive(chunks(prepare(new), 1, chunk_bytes=8)).version == 1
+    assert all(torch.equal(live.state_dict()[k], new[k]) for k in new)
+
+    def storages() -> set[int]:  # live tensors and staging buffers: the memory a push may use
+        tensors = [*live.state_dict().values(), *receiver._buffers.values()]
+        return {t.data_ptr() for t in tensors}
+
+    first = storages()
+    assert len(first) == 2 * len(new)  # the staged tensors went live; the old ones are the next staging
+    for version in (2, 3):
+        newer = {k: v + version for k, v in new.items()}
+        receiver.receive(chunks(prepare(newer), version, chunk_bytes=8))
+        assert all(torch.equal(live.state_dict()[k], newer[k]) for k in new)
+        assert storages() == first  # ping-pong between two sets of buffers, nothing allocated
+
+
+def test_swap_in_adopts_same_dtype_tensors_and_copies_the_rest():
+    live = {"a": torch.zeros(4), "b": torch.zeros(4, dtype=torch.bfloat16)}
+    live["tied"] = live["a"]  # one storage under two names (tied embeddings): copied, never swapped
+    before = {k: v.data_ptr() for k, v in live.items()}
+    free = {"c": torch.zeros(2)}
+    free_ptr = free["c"].data_ptr()
+    replaced = swap_in(free, {"c": torch.ones(2)}, adopt=True)
+    assert set(replaced) == {"c"} and replaced["c"].data_ptr() == free_ptr
+    assert free["c"].data_ptr() != free_ptr
+    replaced = swap_in(live, {"a": torch.ones(4), "b": torch.ones(4), "tied": torch.full((4,), 2.0)},
+                       adopt=True)
+    assert replaced == {}  # `a`/`tied` share storage, `b` is bf16 live vs fp32 pushed: all copied in place
+    assert {k: v.data_ptr() for k, v in live.items()} == before
+    assert torch.equal(live["a"], torch.full((4,), 2.0)) and torch.equal(live["b"], torch.ones(4).bfloat16())
+    adopted_ptr = free["c"].data_ptr()
+    replaced = swap_in(free, {"c": torch.full((2,), 3.0)}, adopt=False)
+    assert replaced == {} and free["c"].data_ptr() == adopted_ptr  # not adopting: copied in place
+    assert torch.equal(free["c"], torch.full((2,), 3.0))
+
+
+class RecordingTarget:
+    """A `WeightTarget` that records how it was applied (copying, like a backend that never adopts)."""
+
+    def __init__(self, live: dict[str, torch.Tensor]):
+        self.live, self.calls = live, []
+
+    def named_tensors(self):
+        return self.live
+
+    def apply_weights(self, tensors, version, *, adopt=False):
+        self.calls.append((version, adopt, sorted(tensors)))
+        swap_in(self.live, tensors, adopt=False)
+
+
+def test_receiver_applies_with_the_version_it_verified_and_hands_the_tensors_over():
+    target = RecordingTarget({"w": torch.zeros(3), "b": torch.zeros(1)})
+    receiver = WeightReceiver(target, version=4)
+    pushed = {"w": torch.arange(3.0), "b": torch.ones(1)}
+    receiver.receive(chunks(prepare(pushed), 5, chunk_bytes=4))
+    assert target.calls == [(5, True, ["b", "w"])]
+    assert receiver.version == 5 and torch.equal(target.live["w"], pushed["w"])
+    with pytest.raises(PushRejected, match="stale_version"):
+        receiver.receive(chunks(prepare(pushed), 5, chunk_bytes=4))
+    assert len(target.calls) == 1  # a rejected push never reaches the target
+
+
+def test_receiver_rejection_leaves_the_module_untouched():
+    live = torch.nn.Linear(4, 3)
+    before = {k: v.clone() for k, v in live.state_dict().items()}
+    messages = list(chunks(prepare({k: torch.randn_like(v) for k, v in before.items()}), 1, chunk_bytes=8))
+    with pytest.raises(PushRejected) as err:
+        WeightReceiver(ModuleTarget(live)).receive(messages[:-1])
+    assert err.value.reason == "truncated"
+    assert all(torch.equal(live.state_dict()[k], before[k]) for k in before)
