@@ -19,7 +19,7 @@ from torch import nn
 
 from asyncrlhf.config import LearnerConfig
 from asyncrlhf.redis_server import free_port
-from asyncrlhf.weights import adapter_tensors
+from asyncrlhf.weights.codec import adapter_tensors
 
 
 def init_distributed() -> tuple[int, int]:

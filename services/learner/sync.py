@@ -12,7 +12,7 @@ import torch
 from asyncrlhf.config import Config
 from asyncrlhf.registry import Registry
 from asyncrlhf.training import engine
-from asyncrlhf.weights import PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
