@@ -25,12 +25,11 @@ from asyncrlhf.models import ModelLoadError, load_checkpoint_policy, load_tokeni
 from asyncrlhf.report import load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
-from asyncrlhf.streams import EVENTS, RunStreams, connect
+from asyncrlhf.streams import EVALUATOR_GROUP, EVENTS, RunStreams, connect
 from services.evaluator.metrics import EvaluatorMetrics
 from asyncrlhf.training.checkpoint import latest_checkpoint
 
 log = logging.getLogger("asyncrlhf.evaluator")
-CONSUMER_GROUP = "evaluator"
 RESULTS = "results.jsonl"
 INITIAL = "initial"
 
@@ -76,7 +75,7 @@ class Evaluator:
     def follow(self) -> None:
         """Evaluate checkpoints as their events arrive; return after RUN_FINISHED, or when stopped."""
         consumer = RunStreams.from_config(self.cfg, self.client).consumer(
-            EVENTS, CONSUMER_GROUP, f"evaluator-{socket.gethostname()}-{os.getpid()}"
+            EVENTS, EVALUATOR_GROUP, f"evaluator-{socket.gethostname()}-{os.getpid()}"
         )
         last: tuple[str, int] | None = None
         while not self.stop.is_set():

@@ -24,7 +24,6 @@ from services.generator.metrics import GeneratorMetrics
 
 log = logging.getLogger(__name__)
 
-CONSUMER_GROUP = "generators"
 MAX_GROUP_SAMPLES = 256  # a larger k is a malformed entry, not a request to honour
 _FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
 

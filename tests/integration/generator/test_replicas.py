@@ -7,8 +7,7 @@ import pytest
 
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.streams import PROMPTS, RunStreams
-from services.generator.loop import CONSUMER_GROUP
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from tests.integration.generator.helpers import (
     START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, rollouts, rollouts_for, wait_for,
 )
@@ -37,7 +36,7 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
         # Without weights neither generator reads: idle time grows, the prompts stay undelivered.
         wait_for(lambda: all(idle_seconds(p.url) > 1.0 for p in procs), "both generators to idle a second",
                  alive=procs)
-        stats = RunStreams(redis_client, run_name).stats(PROMPTS, CONSUMER_GROUP)
+        stats = RunStreams(redis_client, run_name).stats(PROMPTS, GENERATOR_GROUP)
         assert (stats.length, stats.pending) == (N_PROMPTS, 0) and rollouts(redis_client, run_name) == []
 
         push(perturbed_state_dict(load_policy(cfg.model), seed=5), 1, live)
@@ -47,7 +46,7 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
         assert sorted(g.group_id for g in written) == sorted(ids)  # none twice, none missed
         assert {g.generator_id for g in written} == {m.id for m in live}  # both did some of the work
         assert all(g.policy_version == 1 for g in written)
-        stats = RunStreams(redis_client, run_name).stats(PROMPTS, CONSUMER_GROUP)
+        stats = RunStreams(redis_client, run_name).stats(PROMPTS, GENERATOR_GROUP)
         assert (stats.length, stats.pending) == (0, 0)
 
         procs[0].stop()  # SIGTERM: finish the batch, leave the registry, exit cleanly

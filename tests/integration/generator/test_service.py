@@ -10,6 +10,7 @@ import torch
 from asyncrlhf._proto.rollout_pb2 import FinishReason
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.streams import run_key
 from tests.integration.generator.helpers import (
     START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, recomputed_logprobs, rollouts, rollouts_for,
     wait_for,
@@ -51,7 +52,7 @@ class Running:
 
     def close(self) -> None:
         self.process.stop()
-        keys = list(self.client.scan_iter(match=f"asyncrlhf:{self.run}:*"))
+        keys = list(self.client.scan_iter(match=run_key(self.run, "*")))
         if keys:
             self.client.delete(*keys)
         self.client.close()
