@@ -10,6 +10,7 @@ import uuid
 import httpx
 import pytest
 
+from asyncrlhf import metrics as names
 from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_RUN_FINISHED, Event
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import EVENTS, RunStreams
@@ -95,11 +96,11 @@ def test_follows_checkpoint_events_and_exits_after_run_finished(tmp_path, redis_
         assert row["checkpoint"].endswith("step-000005") and row["kl"] != 0.0 and row["elapsed_s"] > 0
 
         metrics = httpx.get(f"{evaluator.http.url}/metrics").text
-        assert "asyncrlhf_evaluator_version 5.0" in metrics
+        assert f"{names.EVALUATOR_VERSION} 5.0" in metrics
         assert float(
-            re.search(r"^asyncrlhf_evaluator_kl (\S+)$", metrics, re.MULTILINE).group(1)
+            re.search(rf"^{names.EVALUATOR_KL} (\S+)$", metrics, re.MULTILINE).group(1)
         ) == pytest.approx(row["kl"])
-        assert "asyncrlhf_evaluator_evaluations_total 2.0" in metrics
+        assert f"{names.EVALUATOR_EVALUATIONS_TOTAL} 2.0" in metrics
         assert httpx.get(f"{evaluator.http.url}/readyz").status_code == 200
 
         final = write_checkpoint(tmp_path, 6, scale=0.5)  # saved, then the run finishes: evaluated although

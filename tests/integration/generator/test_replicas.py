@@ -5,6 +5,7 @@ import re
 import httpx
 import pytest
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
@@ -19,7 +20,7 @@ N_PROMPTS = 24
 
 def idle_seconds(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    match = re.search(r"^asyncrlhf_generator_idle_seconds_total ([0-9.e+-]+)$", text, re.M)
+    match = re.search(rf"^{names.GENERATOR_IDLE_SECONDS_TOTAL} ([0-9.e+-]+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, RunStreams
 from tests.integration.reward.helpers import rollout, scored_groups, wait_for
@@ -109,7 +110,7 @@ def test_two_replicas_one_killed_mid_batch_score_every_group_exactly_once(
             for g in scored_groups(streams)
         )
         metrics = requests.get(f"http://127.0.0.1:{ports[1]}/metrics", timeout=5).text
-        assert "asyncrlhf_reward_groups_scored_total" in metrics
+        assert names.REWARD_GROUPS_SCORED_TOTAL in metrics
         assert survivor.poll() is None, "the survivor should still be running"
     finally:
         for proc in (victim, survivor):

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, run_key
 from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manifest_files, render_kustomize
@@ -373,5 +374,5 @@ def test_autoscalers_target_existing_workloads_and_never_share_one(rendered):
     exported = {
         f.name + "_total" if f.type == "counter" else f.name for f in LearnerMetrics().registry.collect()
     }
-    assert "asyncrlhf_learner_wait_seconds_total" in prom_trigger["query"]
-    assert "asyncrlhf_learner_wait_seconds_total" in exported
+    assert names.LEARNER_WAIT_SECONDS_TOTAL in prom_trigger["query"]
+    assert names.LEARNER_WAIT_SECONDS_TOTAL in exported
