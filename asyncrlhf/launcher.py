@@ -330,12 +330,10 @@ class Launcher:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator
         served when the learner finished, and which /metrics endpoints answered during the run."""
         snap = getattr(self, "_snapshot", None) or scrape(self.services)
-        from asyncrlhf.training.checkpoint import latest_checkpoint
+        from asyncrlhf.training.checkpoint import latest_version
 
-        latest = latest_checkpoint(self.cfg)
-        final = json.loads((latest / "learner_state.json").read_text())["version"] if latest else None
         summary = {
-            "learner_version": final,
+            "learner_version": latest_version(self.cfg),
             "started_at": self.started_at,
             "generator_versions": snap.generator_versions,
             "metrics_answered": self.answered,

@@ -56,16 +56,17 @@ def run_one(files: list[str], overrides: list[str], staleness: int, steps: int, 
 def evaluate(runs: list[dict]) -> None:
     """Gold reward of the initial policy and of every checkpoint of every run (after all runs, so scoring
     does not steal CPU from the runs being timed)."""
-    from asyncrlhf.models import load_checkpoint_policy, load_tokenizer
+    from asyncrlhf.models import load_tokenizer
     from asyncrlhf.stages.evaluation import GoldEvaluation
+    from asyncrlhf.training.checkpoint import load_checkpoint_policy, read_state, step_dirs
 
     first = runs[0]["cfg"]
     evaluation = GoldEvaluation(first, load_tokenizer(first.model))
     initial = evaluation.evaluate(evaluation.reference, evaluation.initial_generations())["gold_reward"]
     for run in runs:
         points = [(0.0, initial)]
-        for ckpt in sorted((run["cfg"].run.path / "checkpoints").glob("step-*")):
-            version = int(json.loads((ckpt / "learner_state.json").read_text())["version"])
+        for ckpt in step_dirs(run["cfg"].run.path):
+            version = read_state(ckpt).version
             policy = load_checkpoint_policy(str(ckpt), run["cfg"].model)
             gold = evaluation.evaluate(policy, evaluation.generate(policy, version))["gold_reward"]
             points.append((run["step_times"].get(version, float("nan")), gold))

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from asyncrlhf import metrics as names
+from asyncrlhf.training.checkpoint import step_dir
 from tests.e2e.reliability.cluster import Cluster
 from tests.e2e.reliability.bad_input import BAD_ENTRIES, inject_bad_entries
 
@@ -67,13 +68,12 @@ def kill_and_restart_generator(c: Cluster) -> None:
 
 def kill_and_restart_learner(c: Cluster) -> None:
     """SIGKILL the learner right after a checkpoint; restarted, it resumes at that version."""
-    before = c.latest_checkpoint()
-    checkpoint = c.wait(
-        lambda: (c.latest_checkpoint() or None) if c.latest_checkpoint() != before else None,
+    before = c.latest_version()
+    version = c.wait(
+        lambda: (c.latest_version() or None) if c.latest_version() != before else None,
         "a new checkpoint",
     )
     c.procs["learner"].kill()
-    version = int(checkpoint.split("-")[1])  # step-XXXXXX holds version XXXXXX
     c.start("learner")
     c.wait(
         lambda: (
@@ -84,7 +84,7 @@ def kill_and_restart_learner(c: Cluster) -> None:
     )
     log = c.procs["learner"].log_path.read_text()
     resumed = [line for line in log.splitlines() if "resumed from" in line][-1]
-    assert resumed.endswith(f"at version {version}") or f"step-{version:06d}" in resumed, resumed
+    assert resumed.endswith(f"at version {version}") or step_dir(c.dir, version).name in resumed, resumed
     c.wait_steps(2, "after the learner restarted")
     assert_audit(c)
 

@@ -15,6 +15,7 @@ from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import EVENTS, RunStreams
 from services.evaluator.loop import Evaluator
+from asyncrlhf.training.checkpoint import step_dir
 from tests.integration.evaluator.checkpoints import write_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -93,7 +94,7 @@ def test_follows_checkpoint_events_and_exits_after_run_finished(tmp_path, redis_
         wait_for(lambda: len(results(tmp_path)) == 2)
         row = results(tmp_path)[1]
         assert (row["version"], row["step"]) == (5, 4)
-        assert row["checkpoint"].endswith("step-000005") and row["kl"] != 0.0 and row["elapsed_s"] > 0
+        assert row["checkpoint"] == str(step_dir(tmp_path, 5)) and row["kl"] != 0.0 and row["elapsed_s"] > 0
 
         metrics = httpx.get(f"{evaluator.http.url}/metrics").text
         assert f"{names.EVALUATOR_VERSION} 5.0" in metrics
@@ -134,7 +135,7 @@ def test_a_restarted_evaluator_does_not_redo_versions(tmp_path, redis_url, run_n
     first.http.stop()
     second = Evaluator(cfg).start()
     second.evaluate_initial()
-    second.evaluate_checkpoint(str(tmp_path / "checkpoints" / "step-000002"), 2)
-    second.evaluate_checkpoint(str(tmp_path / "checkpoints" / "step-000099"), 99)  # pruned: skipped
+    second.evaluate_checkpoint(str(step_dir(tmp_path, 2)), 2)
+    second.evaluate_checkpoint(str(step_dir(tmp_path, 99)), 99)  # pruned: skipped
     second.http.stop()
     assert [r["version"] for r in results(tmp_path)] == [1, 2]
