@@ -89,6 +89,7 @@ class RunStreams:
     def stats(self, spec: StreamSpec, group: str) -> StreamStats:
         return stream_stats(self.client, self.key(spec.name), group, spec.work_queue)
 
-    def dead_letters(self, count: int | None = 100) -> list[DeadLetter]:
-        """The oldest `count` dead-lettered entries of the run (all of them when None)."""
-        return read_dead_letters(self.client, self.key(DEAD_LETTER), count)
+    def dead_letters(self, count: int | None = 100, after: bytes | None = None) -> list[DeadLetter]:
+        """The oldest `count` dead-lettered entries of the run (all of them when None), after the entry id
+        `after` when given."""
+        return read_dead_letters(self.client, self.key(DEAD_LETTER), count, after)

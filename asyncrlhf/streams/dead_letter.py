@@ -34,9 +34,12 @@ def dead_letter_fields(stream: str, group: str, consumer: str, source_entry_id: 
     }
 
 
-def read_dead_letters(client: redis.Redis, key: str, count: int | None = None) -> list[DeadLetter]:
-    """The oldest `count` entries (all of them when None) of the dead-letter stream `key`."""
-    return [_parse(eid, fields) for eid, fields in client.xrange(key, count=count)]
+def read_dead_letters(client: redis.Redis, key: str, count: int | None = None,
+                      after: bytes | None = None) -> list[DeadLetter]:
+    """The oldest `count` entries (all of them when None) of the dead-letter stream `key`; with `after` (an
+    entry id, e.g. the last one a reader handled), only the entries after it."""
+    start = f"({after.decode()}" if after is not None else "-"
+    return [_parse(eid, fields) for eid, fields in client.xrange(key, min=start, count=count)]
 
 
 def _parse(eid: bytes, f: dict[bytes, bytes]) -> DeadLetter:

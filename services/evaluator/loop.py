@@ -26,8 +26,8 @@ from asyncrlhf.report import load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
 from asyncrlhf.streams import EVALUATOR_GROUP, EVENTS, RunStreams, connect
-from services.evaluator.metrics import EvaluatorMetrics
 from asyncrlhf.training.checkpoint import latest_checkpoint, load_checkpoint_policy, read_state
+from services.evaluator.metrics import EvaluatorMetrics
 
 log = logging.getLogger("asyncrlhf.evaluator")
 RESULTS = "results.jsonl"

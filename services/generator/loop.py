@@ -17,8 +17,8 @@ from typing import Callable, Sequence
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import Config
-from asyncrlhf.streams import Consumer, Delivery, Producer
 from asyncrlhf.sampling import Backend, Completion
+from asyncrlhf.streams import Consumer, Delivery, Producer
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 

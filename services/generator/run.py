@@ -14,9 +14,9 @@ import redis
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
+from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
-from asyncrlhf.sampling import Backend, create_backend
 from services.generator.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.loop import GeneratorLoop

@@ -96,7 +96,8 @@ def test_malformed_entry_is_dead_lettered_with_reason(streams, redis_client):
     assert [d.identity for d in dead] == ["bad-1", ""]
     assert "cannot decode PromptGroup" in dead[0].reason and dead[0].payload == b"\xff\xff\xff\xff"
     assert "lacks the `id`" in dead[1].reason
-    assert dead[0].stream == "prompts" and dead[0].consumer == "c0"
+    assert dead[0].stream == PROMPTS.name and dead[0].consumer == "c0"
+    assert streams.dead_letters(after=dead[0].entry_id) == dead[1:]  # a reader resumes after the last it saw
     assert streams.stats(PROMPTS, GENERATOR_GROUP).pending == 1  # the bad ones were acked
 
 

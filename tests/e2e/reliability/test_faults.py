@@ -16,8 +16,8 @@ import pytest
 
 from asyncrlhf import metrics as names
 from asyncrlhf.training.checkpoint import step_dir
-from tests.e2e.reliability.cluster import Cluster
 from tests.e2e.reliability.bad_input import BAD_ENTRIES, inject_bad_entries
+from tests.e2e.reliability.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ from asyncrlhf import metrics as names
 from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_RUN_FINISHED, Event
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import EVENTS, RunStreams
-from services.evaluator.loop import Evaluator
 from asyncrlhf.training.checkpoint import step_dir
+from services.evaluator.loop import Evaluator
 from tests.integration.evaluator.checkpoints import write_checkpoint
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,14 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from tests.integration.generator.helpers import (
-    START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, rollouts, rollouts_for, wait_for,
+    START_TIMEOUT_S,
+    GeneratorProcess,
+    enqueue,
+    members,
+    push,
+    rollouts,
+    rollouts_for,
+    wait_for,
 )
 from tests.unit.generator.peaked import perturbed_state_dict
 

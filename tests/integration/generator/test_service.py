@@ -13,7 +13,14 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.streams import run_key
 from tests.integration.generator.helpers import (
-    START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, recomputed_logprobs, rollouts, rollouts_for,
+    START_TIMEOUT_S,
+    GeneratorProcess,
+    enqueue,
+    members,
+    push,
+    recomputed_logprobs,
+    rollouts,
+    rollouts_for,
     wait_for,
 )
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict

@@ -8,8 +8,8 @@ import torch
 from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
-from asyncrlhf.weights import PushTarget, WeightPusher
 from asyncrlhf.sampling.hf import HFBackend
+from asyncrlhf.weights import PushTarget, WeightPusher
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap, start_weight_sync

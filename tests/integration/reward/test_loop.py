@@ -108,7 +108,7 @@ def test_a_failing_group_is_dead_lettered_with_the_reason_and_later_groups_still
     run_until(loop, lambda: len(streams.dead_letters()) == 1 and len(scored_groups(streams)) == 4)
 
     (dead,) = streams.dead_letters()
-    assert dead.identity == "bad" and dead.stream == "rollouts"
+    assert dead.identity == "bad" and dead.stream == ROLLOUTS.name
     assert "ValueError: cannot score POISON" in dead.reason and dead.deliveries == FAST.max_deliveries
     assert sorted(g.group_id for g in scored_groups(streams)) == ["ok-0", "ok-1", "ok-2", "ok-3"]
     assert metrics.dead_lettered._value.get() == 1
