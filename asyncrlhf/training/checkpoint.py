@@ -155,7 +155,8 @@ def checkpoint_version(path: str | Path) -> int | None:
 
 
 def load_checkpoint_policy(path: str | Path, base: ModelConfig | str, *, device: str = "cpu") -> nn.Module:
-    """A learner checkpoint as a causal LM: full weights, or `base` plus the saved PEFT adapter (LoRA runs)."""
+    """A learner checkpoint as a causal LM: full weights, or `base` plus the saved PEFT adapter (LoRA
+    runs)."""
     hf = hf_dir(path)
     cfg = as_model_config(base)
     if (hf / "adapter_config.json").is_file():
