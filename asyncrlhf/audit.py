@@ -1,6 +1,6 @@
 """`asyncrlhf audit RUN_DIR [overrides]`: did every prompt group the learner enqueued end exactly once?
 
-The learner enqueues groups `g00000000 .. g<cursor-1>` (the cursor is `asyncrlhf:<run>:feed_cursor` in
+The learner enqueues groups `g00000000 .. g<cursor-1>` (the cursor is the run's `FEED_CURSOR` key in
 Redis) and appends every group it trains, drops as stale or counts as dead-lettered to
 `<run dir>/consumed.jsonl` (fsynced before the ack). The audit joins the two with what Redis still holds:
 
@@ -38,9 +38,10 @@ from typing import Iterable, Sequence
 
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.streams import EVENTS, FEED_CURSOR, FLOW, ID_FIELD, PAYLOAD_FIELD, RunStreams, connect
 
 GROUP_ID = re.compile(r"^g(\d{8,})$")
-FLOW_STREAMS = ("prompts", "rollouts", "scored")
+FLOW_STREAMS = tuple(spec.name for spec, _ in FLOW)
 USAGE = """usage: asyncrlhf audit RUN_DIR [key=value ...]
        asyncrlhf audit --config CONFIG.yaml [key=value ...] [--json]
 
@@ -170,27 +171,18 @@ def read_consumed(run_dir: Path) -> list[dict]:
 def audit_run(cfg: Config, client) -> Audit:
     """The audit of `cfg`'s run, from Redis (`client`, bytes responses) and its consumed.jsonl."""
     from asyncrlhf._proto.events_pb2 import EVENT_KIND_RUN_FINISHED, Event
-    from asyncrlhf.streams import DEAD_LETTER, run_key
-
-    key = lambda name: run_key(cfg.run.name, name)  # noqa: E731
-    enqueued = int(client.get(key("feed_cursor")) or 0)
-    dead = [
-        (
-            f.get(b"stream", b"").decode(),
-            f.get(b"id", b"").decode(errors="replace"),
-            f.get(b"reason", b"").decode(errors="replace"),
-        )
-        for _, f in client.xrange(key(DEAD_LETTER))
-    ]
+    streams = RunStreams(client, cfg.run.name)
+    enqueued = int(client.get(streams.key(FEED_CURSOR)) or 0)
+    dead = [(d.stream, d.identity, d.reason) for d in streams.dead_letters(count=None)]
     in_flight = {
-        name: {f.get(b"id", b"").decode(errors="replace") for _, f in client.xrange(key(name))}
+        name: {f.get(ID_FIELD, b"").decode(errors="replace") for _, f in client.xrange(streams.key(name))}
         for name in FLOW_STREAMS
     }
     finished = False
-    for _, fields in client.xrange(key("events")):
+    for _, fields in client.xrange(streams.key(EVENTS.name)):
         event = Event()
         try:
-            event.ParseFromString(fields.get(b"pb", b""))
+            event.ParseFromString(fields.get(PAYLOAD_FIELD, b""))
         except Exception:  # noqa: BLE001 - a malformed event says nothing about the run
             continue
         finished = finished or event.kind == EVENT_KIND_RUN_FINISHED
@@ -203,7 +195,6 @@ def audit_run(cfg: Config, client) -> Audit:
 def connect_for_audit(cfg: Config, stack: ExitStack):
     """A client to the run's Redis: `redis.url`, else an embedded server on a copy of the run's AOF."""
     from asyncrlhf.redis_server import EmbeddedRedis
-    from asyncrlhf.streams import connect
 
     if cfg.redis.url:
         return connect(cfg.redis, retries=2)

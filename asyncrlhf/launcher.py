@@ -21,6 +21,7 @@ from typing import Sequence
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.redis_server import free_port
@@ -128,12 +129,12 @@ def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
             own = snap.per_service.setdefault(svc.name, {})
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    if sample.name == "asyncrlhf_generator_policy_version":
+                    if sample.name == names.GENERATOR_POLICY_VERSION:
                         snap.generator_versions[svc.name] = sample.value
                     elif not sample.labels:
                         own[sample.name] = sample.value
                         snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
-                    elif sample.name == "asyncrlhf_learner_queue_depth":
+                    elif sample.name == names.LEARNER_QUEUE_DEPTH:
                         snap.values[f"queue:{sample.labels['stream']}"] = sample.value
     return snap
 
@@ -168,21 +169,21 @@ class Progress:
 
     def rows(self, snap: Snapshot) -> list[tuple[str, str]]:
         v = snap.values
-        steps = v.get("asyncrlhf_learner_steps_total", 0.0)
+        steps = v.get(names.LEARNER_STEPS_TOTAL, 0.0)
         elapsed = time.monotonic() - self.started
         eta = (self.total_steps - steps) * elapsed / steps if steps else float("nan")
-        count = v.get("asyncrlhf_learner_staleness_versions_count", 0.0)
-        staleness = v.get("asyncrlhf_learner_staleness_versions_sum", 0.0) / count if count else float("nan")
+        count = v.get(f"{names.LEARNER_STALENESS_VERSIONS}_count", 0.0)
+        staleness = v.get(f"{names.LEARNER_STALENESS_VERSIONS}_sum", 0.0) / count if count else float("nan")
         versions = " ".join(f"{int(x)}" for x in snap.generator_versions.values()) or "-"
         return [
             ("step", f"{int(steps)}/{self.total_steps}"),
-            ("version", f"learner {int(v.get('asyncrlhf_learner_version', 0))}, generators {versions}"),
-            ("reward", f"{v.get('asyncrlhf_learner_reward_mean', float('nan')):.3f}"),
-            ("kl", f"{v.get('asyncrlhf_learner_kl', float('nan')):.4f}"),
+            ("version", f"learner {int(v.get(names.LEARNER_VERSION, 0))}, generators {versions}"),
+            ("reward", f"{v.get(names.LEARNER_REWARD_MEAN, float('nan')):.3f}"),
+            ("kl", f"{v.get(names.LEARNER_KL, float('nan')):.4f}"),
             ("staleness", f"{staleness:.2f}"),
-            ("gen tok/s", f"{v.get('asyncrlhf_generator_tokens_per_second', 0.0):.1f}"),
+            ("gen tok/s", f"{v.get(names.GENERATOR_TOKENS_PER_SECOND, 0.0):.1f}"),
             ("queues", " ".join(f"{k[6:]}={int(x)}" for k, x in v.items() if k.startswith("queue:")) or "-"),
-            ("gold", f"{v.get('asyncrlhf_evaluator_gold_reward', float('nan')):.3f}"),
+            ("gold", f"{v.get(names.EVALUATOR_GOLD_REWARD, float('nan')):.3f}"),
             ("eta", f"{eta:.0f}s" if eta == eta else "-"),
         ]
 
@@ -329,12 +330,10 @@ class Launcher:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator
         served when the learner finished, and which /metrics endpoints answered during the run."""
         snap = getattr(self, "_snapshot", None) or scrape(self.services)
-        from asyncrlhf.training.checkpoint import latest_checkpoint
+        from asyncrlhf.training.checkpoint import latest_version
 
-        latest = latest_checkpoint(self.cfg)
-        final = json.loads((latest / "learner_state.json").read_text())["version"] if latest else None
         summary = {
-            "learner_version": final,
+            "learner_version": latest_version(self.cfg),
             "started_at": self.started_at,
             "generator_versions": snap.generator_versions,
             "metrics_answered": self.answered,

@@ -1,15 +1,19 @@
-"""Metric naming and the HTTP app every service shares (`/healthz`, `/readyz`, `/metrics`).
+"""Metric names (their one owner) and the HTTP app every service shares (`/healthz`, `/readyz`, `/metrics`).
 
-Names follow `asyncrlhf_<service>_<what>_<unit>`, `_total` for counters, `_seconds` / `_bytes` units.
-Each service declares its metrics in its own package (`services/<name>/metrics.py`) with `metric_name`,
-in a `CollectorRegistry` of its own: no process-global state, so tests can run several services in one
-process.
+Names follow `asyncrlhf_<service>_<what>_<unit>`, `_total` for counters, `_seconds` / `_bytes` units. Every
+name a service exports is a constant below, named after the metric (`GENERATOR_TOKENS_TOTAL` is
+`asyncrlhf_generator_tokens_total`); the services declare their metrics with these names (help, labels and
+buckets stay with them, in `services/<name>/metrics.py`, each in a `CollectorRegistry` of its own: no
+process-global state, so tests can run several services in one process), and every reader (the launcher's
+progress, the benchmarks, the tests) uses the same constants. A histogram's samples add `_bucket`, `_count`
+and `_sum` to its name. The Grafana dashboard and the alert rules cannot import them: a test checks that
+every name they use is here (tests/unit/deploy/test_monitoring.py).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
@@ -29,6 +33,70 @@ def metric_name(service: str, what: str, unit: str | None = None) -> str:
         if not _PART.match(part):
             raise ValueError(f"metric name part `{part}` must be lower_snake_case")
     return "_".join(parts)
+
+
+_named: list[str] = []
+
+
+def _metric(service: str, what: str, unit: str | None = None) -> str:
+    name = metric_name(service, what, unit)
+    _named.append(name)
+    return name
+
+
+GENERATOR_TOKENS_TOTAL = _metric("generator", "tokens", "total")
+GENERATOR_GROUPS_TOTAL = _metric("generator", "groups", "total")
+GENERATOR_FAILED_GROUPS_TOTAL = _metric("generator", "failed_groups", "total")
+GENERATOR_TOKENS_PER_SECOND = _metric("generator", "tokens_per_second")
+GENERATOR_BATCH_SECONDS = _metric("generator", "batch", "seconds")  # histogram
+GENERATOR_IDLE_SECONDS_TOTAL = _metric("generator", "idle_seconds", "total")
+GENERATOR_POLICY_VERSION = _metric("generator", "policy_version")  # label: generator
+GENERATOR_WEIGHT_APPLY_SECONDS = _metric("generator", "weight_apply", "seconds")  # histogram
+GENERATOR_WEIGHT_UPDATES_TOTAL = _metric("generator", "weight_updates", "total")
+GENERATOR_PROMPTS_PENDING = _metric("generator", "prompts_pending")
+
+REWARD_GROUPS_SCORED_TOTAL = _metric("reward", "groups_scored", "total")
+REWARD_SAMPLES_SCORED_TOTAL = _metric("reward", "samples_scored", "total")  # label: source
+REWARD_SCORING_SECONDS = _metric("reward", "scoring", "seconds")  # histogram, label: source
+REWARD_REWARD = _metric("reward", "reward")  # histogram of total rewards
+REWARD_REWARD_MEAN = _metric("reward", "reward_mean")
+REWARD_COMPONENT_MEAN = _metric("reward", "component_mean")  # label: component
+REWARD_TRUNCATED_INPUTS_TOTAL = _metric("reward", "truncated_inputs", "total")
+REWARD_SCORING_ERRORS_TOTAL = _metric("reward", "scoring_errors", "total")
+REWARD_DEAD_LETTERED_GROUPS_TOTAL = _metric("reward", "dead_lettered_groups", "total")
+REWARD_DUPLICATE_GROUPS_TOTAL = _metric("reward", "duplicate_groups", "total")
+
+LEARNER_VERSION = _metric("learner", "version")
+LEARNER_STEPS_TOTAL = _metric("learner", "steps", "total")
+LEARNER_SAMPLES_TOTAL = _metric("learner", "samples", "total")
+LEARNER_TOKENS_TOTAL = _metric("learner", "tokens", "total")
+LEARNER_GROUPS_TOTAL = _metric("learner", "groups", "total")  # label: outcome
+LEARNER_LOSS = _metric("learner", "loss")
+LEARNER_KL = _metric("learner", "kl")
+LEARNER_REWARD_MEAN = _metric("learner", "reward_mean")
+LEARNER_STEP_STAT = _metric("learner", "step_stat")  # label: stat
+LEARNER_STALENESS_VERSIONS = _metric("learner", "staleness_versions")  # histogram
+LEARNER_STALE_GROUPS_TOTAL = _metric("learner", "stale_groups", "total")  # label: action
+LEARNER_WAIT_SECONDS_TOTAL = _metric("learner", "wait_seconds", "total")
+LEARNER_STEP_SECONDS = _metric("learner", "step_seconds")  # histogram
+LEARNER_PUSH_SECONDS = _metric("learner", "push_seconds")  # label: target
+LEARNER_PUSH_BYTES_TOTAL = _metric("learner", "push_bytes", "total")  # label: target
+LEARNER_PUSH_FAILURES_TOTAL = _metric("learner", "push_failures", "total")  # labels: target, status
+LEARNER_IN_FLIGHT_GROUPS = _metric("learner", "in_flight_groups")
+LEARNER_QUEUE_DEPTH = _metric("learner", "queue_depth")  # label: stream
+LEARNER_CONSUMER_LAG = _metric("learner", "consumer_lag")  # label: stream
+LEARNER_DEAD_LETTER_ENTRIES = _metric("learner", "dead_letter_entries")
+
+EVALUATOR_GOLD_REWARD = _metric("evaluator", "gold_reward")
+EVALUATOR_WIN_RATE = _metric("evaluator", "win_rate")
+EVALUATOR_KL = _metric("evaluator", "kl")
+EVALUATOR_PERPLEXITY = _metric("evaluator", "perplexity")
+EVALUATOR_VERSION = _metric("evaluator", "version")
+EVALUATOR_EVALUATIONS_TOTAL = _metric("evaluator", "evaluations", "total")
+EVALUATOR_EVAL_SECONDS = _metric("evaluator", "eval", "seconds")  # histogram
+EVALUATOR_SKIPPED_CHECKPOINTS_TOTAL = _metric("evaluator", "skipped_checkpoints", "total")  # label: reason
+
+NAMES: frozenset[str] = frozenset(_named)  # every metric a service exports
 
 
 def make_app(
@@ -53,7 +121,8 @@ def make_app(
             ok, reason = ready()
         except Exception as err:  # a readiness probe must answer, not crash
             ok, reason = False, f"{type(err).__name__}: {err}"
-        return JSONResponse({"ready": ok, "reason": reason, "service": service}, status_code=200 if ok else 503)
+        body = {"ready": ok, "reason": reason, "service": service}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", summary="Prometheus metrics.")
     def metrics() -> Response:

@@ -15,7 +15,7 @@ from typing import Callable
 
 import redis
 
-from asyncrlhf.streams import run_key
+from asyncrlhf.streams import GENERATOR_REGISTRY, run_key
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Member:
 
 
 class Registry:
-    def __init__(self, client: redis.Redis, run: str, ttl_s: float = 10.0, name: str = "generators"):
+    def __init__(self, client: redis.Redis, run: str, ttl_s: float = 10.0, name: str = GENERATOR_REGISTRY):
         self.client, self.ttl_ms = client, max(1, int(ttl_s * 1000))
         self.index_key = run_key(run, name)
 

@@ -38,9 +38,11 @@ def redis_client(redis_url, run_name):
     """A client to the session's embedded Redis; the test run's keys are deleted afterwards."""
     import redis
 
+    from asyncrlhf.streams import run_key
+
     client = redis.Redis.from_url(redis_url)
     yield client
-    keys = list(client.scan_iter(match=f"asyncrlhf:{run_name}:*", count=1000))
+    keys = list(client.scan_iter(match=run_key(run_name, "*"), count=1000))
     if keys:
         client.delete(*keys)
     client.close()

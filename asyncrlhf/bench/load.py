@@ -23,7 +23,17 @@ from typing import Sequence
 from asyncrlhf.config import load_config
 from asyncrlhf.launcher import Service, plan
 from asyncrlhf.redis_server import EmbeddedRedis
-from asyncrlhf.streams import connect, run_key
+from asyncrlhf.streams import (
+    FEED_CURSOR,
+    FLOW,
+    GENERATOR_GROUP,
+    LEARNER_FINISHED,
+    PROMPTS,
+    REWARD_GROUP,
+    ROLLOUTS,
+    RunStreams,
+    connect,
+)
 
 RSS_FLAT_MB = 50.0  # most growth of one process's RSS over the stall that still counts as flat
 
@@ -63,14 +73,14 @@ def rss_mb(pid: int) -> float:
 
 
 def sample(client, run: str, services: Sequence[Service]) -> Sample:
-    key = lambda name: run_key(run, name)  # noqa: E731
+    streams = RunStreams(client, run)
     return Sample(
         at=time.monotonic(),
-        enqueued=int(client.get(key("feed_cursor")) or 0),
-        generated=client.zcard(key("seen:prompts:generators")),
-        scored=client.zcard(key("seen:rollouts:reward")),
-        finished=int(client.get(key("learner_finished")) or 0),
-        queues={name: client.xlen(key(name)) for name in ("prompts", "rollouts", "scored")},
+        enqueued=int(client.get(streams.key(FEED_CURSOR)) or 0),
+        generated=client.zcard(streams.seen_key(PROMPTS, GENERATOR_GROUP)),
+        scored=client.zcard(streams.seen_key(ROLLOUTS, REWARD_GROUP)),
+        finished=int(client.get(streams.key(LEARNER_FINISHED)) or 0),
+        queues={spec.name: client.xlen(streams.key(spec.name)) for spec, _ in FLOW},
         rss_mb={s.name: rss_mb(s.proc.pid) for s in services if s.proc},
     )
 
@@ -160,7 +170,7 @@ def main(argv: Sequence[str]) -> int:
 def _measure(args, cfg, client, services, learner, bound) -> int:
     from asyncrlhf.audit import audit_run, format_audit
 
-    key = run_key(cfg.run.name, "learner_finished")
+    key = RunStreams(client, cfg.run.name).key(LEARNER_FINISHED)
     deadline = time.monotonic() + 600
     while int(client.get(key) or 0) == 0:  # start-up: import, models, DeepSpeed, first push
         if time.monotonic() > deadline or learner.proc.poll() is not None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.config_cli import split_config_args
 
@@ -43,11 +44,11 @@ def run_one(files: list[str], overrides: list[str], staleness: int, steps: int, 
     learner = summary["final_metrics"].get("learner", {})
     generators = [v for k, v in summary["final_metrics"].items() if k.startswith("generator")]
     elapsed = rows[-1]["at"] - summary["started_at"]
-    idle = sum(g.get("asyncrlhf_generator_idle_seconds_total", 0.0) for g in generators) / max(1, len(generators))
+    idle = sum(g.get(names.GENERATOR_IDLE_SECONDS_TOTAL, 0.0) for g in generators) / max(1, len(generators))
     return {
         "name": name, "cfg": cfg, "s_per_step": span / max(1, len(rows) - 1),
         "generator_idle_fraction": idle / elapsed,
-        "learner_wait_fraction": learner.get("asyncrlhf_learner_wait_seconds_total", 0.0) / elapsed,
+        "learner_wait_fraction": learner.get(names.LEARNER_WAIT_SECONDS_TOTAL, 0.0) / elapsed,
         "step_times": {r["version"]: r["at"] - summary["started_at"] for r in rows},
     }
 
@@ -55,16 +56,17 @@ def run_one(files: list[str], overrides: list[str], staleness: int, steps: int, 
 def evaluate(runs: list[dict]) -> None:
     """Gold reward of the initial policy and of every checkpoint of every run (after all runs, so scoring
     does not steal CPU from the runs being timed)."""
-    from asyncrlhf.models import load_checkpoint_policy, load_tokenizer
+    from asyncrlhf.models import load_tokenizer
     from asyncrlhf.stages.evaluation import GoldEvaluation
+    from asyncrlhf.training.checkpoint import load_checkpoint_policy, read_state, step_dirs
 
     first = runs[0]["cfg"]
     evaluation = GoldEvaluation(first, load_tokenizer(first.model))
     initial = evaluation.evaluate(evaluation.reference, evaluation.initial_generations())["gold_reward"]
     for run in runs:
         points = [(0.0, initial)]
-        for ckpt in sorted((run["cfg"].run.path / "checkpoints").glob("step-*")):
-            version = int(json.loads((ckpt / "learner_state.json").read_text())["version"])
+        for ckpt in step_dirs(run["cfg"].run.path):
+            version = read_state(ckpt).version
             policy = load_checkpoint_policy(str(ckpt), run["cfg"].model)
             gold = evaluation.evaluate(policy, evaluation.generate(policy, version))["gold_reward"]
             points.append((run["step_times"].get(version, float("nan")), gold))

@@ -31,7 +31,7 @@ import torch
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis
-from asyncrlhf.streams import ROLLOUTS, RunStreams, connect
+from asyncrlhf.streams import ID_FIELD, PAYLOAD_FIELD, REWARD_GROUP, ROLLOUTS, RunStreams, connect
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver, swap_in
 from asyncrlhf.weights.server import GRPC_OPTIONS, serve
@@ -52,7 +52,7 @@ def rollout_group(i: int) -> RolloutGroup:
 
 def ours_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch: int, run: str) -> float:
     streams = RunStreams(client, run, RedisConfig(block_ms=1))
-    producer, consumer = streams.producer(ROLLOUTS), streams.consumer(ROLLOUTS, "reward", "r0")
+    producer, consumer = streams.producer(ROLLOUTS), streams.consumer(ROLLOUTS, REWARD_GROUP, "r0")
     start = time.perf_counter()
     for i in range(0, len(groups), batch):
         producer.add_many(groups[i:i + batch])
@@ -64,18 +64,19 @@ def ours_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch
 
 
 def bare_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch: int, run: str) -> float:
-    key, group = f"bench:{run}:bare", "reward"
+    key, group = f"bench:{run}:bare", REWARD_GROUP
     client.xgroup_create(key, group, id="0", mkstream=True)
     start = time.perf_counter()
     for i in range(0, len(groups), batch):
         pipe = client.pipeline(transaction=False)
         for g in groups[i:i + batch]:
-            pipe.xadd(key, {"id": g.group_id, "pb": g.SerializeToString()}, maxlen=100_000, approximate=True)
+            pipe.xadd(key, {ID_FIELD: g.group_id, PAYLOAD_FIELD: g.SerializeToString()}, maxlen=100_000,
+                      approximate=True)
         pipe.execute()
         res = client.xreadgroup(group, "r0", {key: ">"}, count=batch)
         entries = res[0][1]
         for _, fields in entries:
-            RolloutGroup.FromString(fields[b"pb"])
+            RolloutGroup.FromString(fields[PAYLOAD_FIELD])
         client.xack(key, group, *[eid for eid, _ in entries])
     elapsed = time.perf_counter() - start
     client.delete(key)

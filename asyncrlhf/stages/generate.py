@@ -18,15 +18,10 @@ from pathlib import Path
 import torch
 
 from asyncrlhf.config import Config
-from asyncrlhf.models import (
-    checkpoint_version,
-    load_checkpoint_policy,
-    load_policy,
-    load_tokenizer,
-    set_threads,
-)
+from asyncrlhf.models import load_policy, load_tokenizer, set_threads
 from asyncrlhf.stages.common import run_stage, write_jsonl
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
+from asyncrlhf.training.checkpoint import checkpoint_version, load_checkpoint_policy
 
 log = logging.getLogger("asyncrlhf.generate")
 INITIAL = "initial"

@@ -1,5 +1,15 @@
-"""Learner checkpoints: HF-format weights (full, or the LoRA adapter), DeepSpeed state, learner state and the
-resolved config, written to `<run dir>/checkpoints/step-<version>/` and published by an atomic `latest` file.
+"""Learner checkpoints, and the one module that knows their layout:
+
+    <run dir>/checkpoints/
+        latest                  the name of the newest complete checkpoint (replaced atomically)
+        step-<version:06d>/
+            hf/                 HF-format weights (full, or the LoRA adapter) and the tokenizer
+            deepspeed/          DeepSpeed state of every rank (tags `policy`, `value`)
+            learner_state.json  `LearnerState`: version, feed cursor, finished count, RNG
+            config.yaml         the resolved config
+
+The learner saves and loads them; the evaluator, the launcher, the offline stages and the benchmarks find
+and read them through the functions below.
 """
 
 from __future__ import annotations
@@ -11,10 +21,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from asyncrlhf.config import Config
+from asyncrlhf.config import Config, ModelConfig
+from asyncrlhf.models import ModelLoadError, as_model_config, load_policy, resolve_device
 
+CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+HF = "hf"
+DEEPSPEED = "deepspeed"
+STATE = "learner_state.json"
+CONFIG = "config.yaml"
 
 
 @dataclass
@@ -30,53 +47,122 @@ class LearnerState:
         return self.version - 1
 
 
-def checkpoints_dir(cfg: Config) -> Path:
-    return cfg.run.path / "checkpoints"
+def checkpoints_dir(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINTS
+
+
+def step_dir(run_dir: Path, version: int) -> Path:
+    """Where the checkpoint of policy `version` lives."""
+    return checkpoints_dir(run_dir) / f"step-{version:06d}"
+
+
+def step_dirs(run_dir: Path) -> list[Path]:
+    """The run's checkpoint directories, oldest first."""
+    return sorted(p for p in checkpoints_dir(run_dir).glob("step-*") if p.is_dir())
 
 
 def latest_checkpoint(cfg: Config) -> Path | None:
-    pointer = checkpoints_dir(cfg) / LATEST
+    """The newest complete checkpoint of `cfg`'s run, or None."""
+    pointer = checkpoints_dir(cfg.run.path) / LATEST
     if not pointer.is_file():
         return None
-    path = checkpoints_dir(cfg) / pointer.read_text().strip()
-    return path if (path / "learner_state.json").is_file() else None
+    path = checkpoints_dir(cfg.run.path) / pointer.read_text().strip()
+    return path if (path / STATE).is_file() else None
+
+
+def latest_version(cfg: Config) -> int | None:
+    """The policy version of the newest complete checkpoint, or None when there is none."""
+    latest = latest_checkpoint(cfg)
+    return read_state(latest).version if latest is not None else None
+
+
+def read_state(path: Path) -> LearnerState:
+    """The `LearnerState` a checkpoint recorded."""
+    return LearnerState(**json.loads((path / STATE).read_text()))
+
+
+def write_state(path: Path, state: LearnerState) -> None:
+    (path / STATE).write_text(json.dumps(asdict(state)))
+
+
+def publish(path: Path) -> None:
+    """Point `latest` at the checkpoint `path`, atomically (readers never see a half-written pointer)."""
+    tmp = path.parent / f".{LATEST}.tmp"
+    tmp.write_text(path.name)
+    os.replace(tmp, path.parent / LATEST)
 
 
 def save(cfg: Config, policy, value, tokenizer, state: LearnerState, hf_state: dict[str, torch.Tensor] | None,
          rank: int) -> Path:
     """Every rank writes its DeepSpeed shard; rank 0 writes the rest and then flips `latest`."""
-    root = checkpoints_dir(cfg)
-    name = f"step-{state.version:06d}"
-    path = root / name
-    policy.save_checkpoint(str(path / "deepspeed"), tag="policy")
+    path = step_dir(cfg.run.path, state.version)
+    policy.save_checkpoint(str(path / DEEPSPEED), tag="policy")
     if value is not None:
-        value.save_checkpoint(str(path / "deepspeed"), tag="value")
+        value.save_checkpoint(str(path / DEEPSPEED), tag="value")
     if rank != 0:
         return path
-    hf_dir = path / "hf"
-    policy.module.save_pretrained(hf_dir, state_dict=hf_state, safe_serialization=True)
-    tokenizer.save_pretrained(hf_dir)
+    policy.module.save_pretrained(path / HF, state_dict=hf_state, safe_serialization=True)
+    tokenizer.save_pretrained(path / HF)
     state.rng = torch.get_rng_state().tolist()
-    (path / "learner_state.json").write_text(json.dumps(asdict(state)))
-    (path / "config.yaml").write_text(cfg.to_yaml())
-    tmp = root / f".{LATEST}.tmp"
-    tmp.write_text(name)
-    os.replace(tmp, root / LATEST)
-    _prune(root, keep=cfg.learner.keep_checkpoints)
+    write_state(path, state)
+    (path / CONFIG).write_text(cfg.to_yaml())
+    publish(path)
+    _prune(cfg.run.path, keep=cfg.learner.keep_checkpoints)
     return path
 
 
 def load(path: Path, policy, value) -> LearnerState:
-    policy.load_checkpoint(str(path / "deepspeed"), tag="policy", load_module_strict=False)
+    policy.load_checkpoint(str(path / DEEPSPEED), tag="policy", load_module_strict=False)
     if value is not None:
-        value.load_checkpoint(str(path / "deepspeed"), tag="value")
-    state = LearnerState(**json.loads((path / "learner_state.json").read_text()))
+        value.load_checkpoint(str(path / DEEPSPEED), tag="value")
+    state = read_state(path)
     if state.rng:
         torch.set_rng_state(torch.tensor(state.rng, dtype=torch.uint8))
     return state
 
 
-def _prune(root: Path, keep: int) -> None:
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in steps[:-keep]:
+def _prune(run_dir: Path, keep: int) -> None:
+    for old in step_dirs(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints as policies
+
+
+def hf_dir(path: str | Path) -> Path:
+    """The HF directory of a checkpoint: accepts `checkpoints/` (follows `latest`), `step-XXXXXX/`, or the
+    `hf/` directory itself (or any HF model directory, e.g. `asyncrlhf sft` output)."""
+    path = Path(path).expanduser()
+    if (path / LATEST).is_file():
+        path = path / (path / LATEST).read_text().strip()
+    if (path / HF).is_dir():
+        path = path / HF
+    if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
+        raise ModelLoadError(
+            f"{path} is not a checkpoint: expected `{HF}/` with config.json (full weights) or "
+            f"adapter_config.json (LoRA), as the learner writes under <run.dir>/{CHECKPOINTS}/step-XXXXXX/"
+        )
+    return path
+
+
+def checkpoint_version(path: str | Path) -> int | None:
+    """Policy version recorded in a learner checkpoint (its `LearnerState`), None for a plain HF dir."""
+    hf = hf_dir(path)
+    if hf.name != HF or not (hf.parent / STATE).is_file():
+        return None
+    return read_state(hf.parent).version
+
+
+def load_checkpoint_policy(path: str | Path, base: ModelConfig | str, *, device: str = "cpu") -> nn.Module:
+    """A learner checkpoint as a causal LM: full weights, or `base` plus the saved PEFT adapter (LoRA
+    runs)."""
+    hf = hf_dir(path)
+    cfg = as_model_config(base)
+    if (hf / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        policy = PeftModel.from_pretrained(load_policy(cfg), hf)
+    else:
+        policy = load_policy(cfg.model_copy(update={"name_or_path": str(hf), "gguf_file": None}))
+    return policy.to(resolve_device(device))

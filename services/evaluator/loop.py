@@ -21,16 +21,15 @@ from pathlib import Path
 from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_RUN_FINISHED
 from asyncrlhf.config import Config
 from asyncrlhf.metrics import make_app
-from asyncrlhf.models import ModelLoadError, load_checkpoint_policy, load_tokenizer, set_threads
+from asyncrlhf.models import ModelLoadError, load_tokenizer, set_threads
 from asyncrlhf.report import load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
-from asyncrlhf.streams import EVENTS, RunStreams, connect
+from asyncrlhf.streams import EVALUATOR_GROUP, EVENTS, RunStreams, connect
+from asyncrlhf.training.checkpoint import latest_checkpoint, load_checkpoint_policy, read_state
 from services.evaluator.metrics import EvaluatorMetrics
-from asyncrlhf.training.checkpoint import latest_checkpoint
 
 log = logging.getLogger("asyncrlhf.evaluator")
-CONSUMER_GROUP = "evaluator"
 RESULTS = "results.jsonl"
 INITIAL = "initial"
 
@@ -76,7 +75,7 @@ class Evaluator:
     def follow(self) -> None:
         """Evaluate checkpoints as their events arrive; return after RUN_FINISHED, or when stopped."""
         consumer = RunStreams.from_config(self.cfg, self.client).consumer(
-            EVENTS, CONSUMER_GROUP, f"evaluator-{socket.gethostname()}-{os.getpid()}"
+            EVENTS, EVALUATOR_GROUP, f"evaluator-{socket.gethostname()}-{os.getpid()}"
         )
         last: tuple[str, int] | None = None
         while not self.stop.is_set():
@@ -99,8 +98,8 @@ class Evaluator:
         """The run's last checkpoint, even when `every_n` skipped its event."""
         latest = latest_checkpoint(self.cfg)
         if latest is not None:
-            state = json.loads((latest / "learner_state.json").read_text())
-            last = max([c for c in (last, (str(latest), int(state["version"]))) if c], key=lambda c: c[1])
+            version = read_state(latest).version
+            last = max([c for c in (last, (str(latest), version)) if c], key=lambda c: c[1])
         if last is not None:
             self.evaluate_checkpoint(*last)
 

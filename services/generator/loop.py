@@ -17,14 +17,13 @@ from typing import Callable, Sequence
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import Config
-from asyncrlhf.streams import Consumer, Delivery, Producer
 from asyncrlhf.sampling import Backend, Completion
+from asyncrlhf.streams import Consumer, Delivery, Producer
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
 log = logging.getLogger(__name__)
 
-CONSUMER_GROUP = "generators"
 MAX_GROUP_SAMPLES = 256  # a larger k is a malformed entry, not a request to honour
 _FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
 

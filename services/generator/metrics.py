@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from asyncrlhf.metrics import metric_name
+from asyncrlhf import metrics as names
 
-SERVICE = "generator"
 _SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -15,24 +14,26 @@ class GeneratorMetrics:
 
     def __init__(self, generator_id: str, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        r, name = self.registry, lambda what, unit=None: metric_name(SERVICE, what, unit)
-        self.tokens = Counter(name("tokens", "total"), "Completion tokens generated.", registry=r)
-        self.groups = Counter(name("groups", "total"), "Rollout groups written.", registry=r)
-        self.failed_groups = Counter(name("failed_groups", "total"),
+        r = self.registry
+        self.tokens = Counter(names.GENERATOR_TOKENS_TOTAL, "Completion tokens generated.", registry=r)
+        self.groups = Counter(names.GENERATOR_GROUPS_TOTAL, "Rollout groups written.", registry=r)
+        self.failed_groups = Counter(names.GENERATOR_FAILED_GROUPS_TOTAL,
                                      "Prompt groups whose batch failed (retried, then dead-lettered).",
                                      registry=r)
-        self.tokens_per_second = Gauge(name("tokens_per_second"), "Tokens/s of the last batch.", registry=r)
-        self.batch_seconds = Histogram(name("batch", "seconds"), "Seconds per generation batch.",
+        self.tokens_per_second = Gauge(names.GENERATOR_TOKENS_PER_SECOND, "Tokens/s of the last batch.",
+                                       registry=r)
+        self.batch_seconds = Histogram(names.GENERATOR_BATCH_SECONDS, "Seconds per generation batch.",
                                        buckets=_SECONDS_BUCKETS, registry=r)
-        self.idle_seconds = Counter(name("idle_seconds", "total"),
+        self.idle_seconds = Counter(names.GENERATOR_IDLE_SECONDS_TOTAL,
                                     "Seconds with nothing to generate (no prompts, or no weights yet).",
                                     registry=r)
-        self.version = Gauge(name("policy_version"), "Policy version served.", ["generator"],
+        self.version = Gauge(names.GENERATOR_POLICY_VERSION, "Policy version served.", ["generator"],
                              registry=r).labels(generator=generator_id)
         self.weight_apply_seconds = Histogram(
-            name("weight_apply", "seconds"),
+            names.GENERATOR_WEIGHT_APPLY_SECONDS,
             "Seconds to swap a pushed version in (waiting for the batch included).",
             buckets=_SECONDS_BUCKETS, registry=r)
-        self.weight_updates = Counter(name("weight_updates", "total"), "Weight versions applied.", registry=r)
-        self.prompts_pending = Gauge(name("prompts_pending"), "Prompt groups waiting in the prompts stream.",
-                                     registry=r)
+        self.weight_updates = Counter(names.GENERATOR_WEIGHT_UPDATES_TOTAL, "Weight versions applied.",
+                                      registry=r)
+        self.prompts_pending = Gauge(names.GENERATOR_PROMPTS_PENDING,
+                                     "Prompt groups waiting in the prompts stream.", registry=r)

@@ -14,12 +14,12 @@ import redis
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
-from asyncrlhf.service import HttpServer, check_bind
-from asyncrlhf.streams import PROMPTS, ROLLOUTS, RunStreams, connect
 from asyncrlhf.sampling import Backend, create_backend
+from asyncrlhf.service import HttpServer, check_bind
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
 from services.generator.gate import BackendGate
 from services.generator.http import make_http_app
-from services.generator.loop import CONSUMER_GROUP, GeneratorLoop
+from services.generator.loop import GeneratorLoop
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap, WeightSyncServer, start_heartbeat, start_weight_sync
 
@@ -45,9 +45,9 @@ class GeneratorService:
         self.streams = RunStreams.from_config(cfg, self.client)
         self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce)
         self.loop = GeneratorLoop(
-            cfg, self.backend, self.gate, self.streams.consumer(PROMPTS, CONSUMER_GROUP, self.id),
+            cfg, self.backend, self.gate, self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
             self.streams.producer(ROLLOUTS), self.tokenizer, self.id, self.metrics, self.swap.arrived,
-            pending=lambda: self.streams.stats(PROMPTS, CONSUMER_GROUP).length,
+            pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
         )
         self.weight_sync: WeightSyncServer | None = None
         self.heartbeat: Heartbeat | None = None

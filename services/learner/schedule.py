@@ -23,7 +23,18 @@ from asyncrlhf.algorithms import StalenessDecision, staleness_decision
 from asyncrlhf.config import Config
 from asyncrlhf.consumed import CONSUMED_LOG, ConsumedLog
 from asyncrlhf.models import encode_prompts
-from asyncrlhf.streams import DEAD_LETTER, PROMPTS, ROLLOUTS, SCORED, Delivery, RunStreams
+from asyncrlhf.streams import (
+    DEAD_LETTER,
+    FEED_CURSOR,
+    FLOW,
+    LEARNER_DEAD_LETTER_CURSOR,
+    LEARNER_FINISHED,
+    LEARNER_GROUP,
+    PROMPTS,
+    SCORED,
+    Delivery,
+    RunStreams,
+)
 from asyncrlhf.tasks import load_task
 from asyncrlhf.training.batch import TrainGroup, validate_group
 from asyncrlhf.training.checkpoint import LearnerState
@@ -31,7 +42,6 @@ from services.learner.feed import PromptFeed
 from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
-GROUP = "learner"
 _STALE_LABELS = {"keep": "kept", "correct": "corrected", "drop": "dropped"}
 
 
@@ -55,16 +65,16 @@ class Schedule:
     def __init__(self, cfg: Config, client: redis.Redis, streams: RunStreams, tokenizer, state: LearnerState,
                  metrics: LearnerMetrics):
         self.cfg, self.client, self.streams, self.metrics = cfg, client, streams, metrics
-        self.consumer = streams.consumer(SCORED, GROUP, f"learner-{uuid.uuid4().hex[:6]}")
+        self.consumer = streams.consumer(SCORED, LEARNER_GROUP, f"learner-{uuid.uuid4().hex[:6]}")
         self.consumed = ConsumedLog(cfg.run.path / CONSUMED_LOG)
         self.credits = streams.credits((cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step)
         task = load_task(cfg.task)
         self.feed = PromptFeed(client, streams.producer(PROMPTS), self.credits, task.train,
                                encode_prompts(tokenizer, task.train, cfg.model),
                                k=cfg.generator.samples_per_prompt, seed=cfg.run.seed,
-                               data_epochs=cfg.learner.data_epochs, cursor_key=streams.key("feed_cursor"))
-        self._finished_key = streams.key("learner_finished")
-        self._dlq_cursor_key = streams.key("learner_dead_letter_cursor")
+                               data_epochs=cfg.learner.data_epochs, cursor_key=streams.key(FEED_CURSOR))
+        self._finished_key = streams.key(LEARNER_FINISHED)
+        self._dlq_cursor_key = streams.key(LEARNER_DEAD_LETTER_CURSOR)
         if self.feed.cursor < state.cursor:  # Redis came back empty: continue after the checkpoint's groups
             client.set(self.feed.cursor_key, state.cursor)
             client.set(self._finished_key, state.finished)
@@ -134,29 +144,23 @@ class Schedule:
 
     def _reap_dead_letters(self, version: int) -> None:
         """Dead-lettered groups of this run will never arrive: count them finished and free their credits."""
-        cursor = (self.client.get(self._dlq_cursor_key) or b"0-0").decode()
-        key = self.streams.key(DEAD_LETTER)
-        entries = self.client.xrange(key, min=f"({cursor}", count=1000) if cursor != "0-0" \
-            else self.client.xrange(key, count=1000)
+        cursor = self.client.get(self._dlq_cursor_key)
+        entries = self.streams.dead_letters(count=1000, after=cursor)
         if not entries:
             return
-        lost = []
-        for _, fields in entries:
-            ident = fields.get(b"id", b"").decode()
-            stream = fields.get(b"stream", b"").decode()
-            if stream in (PROMPTS.name, ROLLOUTS.name, SCORED.name) and ident not in self.consumed.ids \
-                    and self.feed.enqueued(ident):
-                lost.append(ident)
+        streams = {spec.name for spec, _ in FLOW}
+        lost = [d.identity for d in entries
+                if d.stream in streams and d.identity not in self.consumed.ids and self.feed.enqueued(d.identity)]
         lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) finishes once
         if lost:
             self.consumed.append("dead_lettered", version, lost)
             self.metrics.groups.labels("dead_lettered").inc(len(lost))
             self._finish(len(lost), f"dead_lettered:{lost[0]}")
-        self.client.set(self._dlq_cursor_key, entries[-1][0])
-        self.metrics.dead_letters.set(self.client.xlen(key))
+        self.client.set(self._dlq_cursor_key, entries[-1].entry_id)
+        self.metrics.dead_letters.set(self.client.xlen(self.streams.key(DEAD_LETTER)))
 
     def _observe_queues(self) -> None:
-        for spec, group in ((PROMPTS, "generators"), (ROLLOUTS, "reward"), (SCORED, GROUP)):
+        for spec, group in FLOW:
             s = self.streams.stats(spec, group)
             self.metrics.queue_depth.labels(spec.name).set(s.length)
             self.metrics.queue_lag.labels(spec.name).set(s.lag)

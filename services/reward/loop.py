@@ -24,11 +24,9 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.rewards import CompositeReward, Item, ScorerConfigError, ScoreResult, build_reward
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
-from asyncrlhf.streams import ROLLOUTS, SCORED, Consumer, Delivery, Producer, RunStreams
+from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, SCORED, Consumer, Delivery, Producer, RunStreams
 from services.reward.http import ServingState, create_app
 from services.reward.metrics import RewardMetrics
-
-CONSUMER_GROUP = "reward"
 
 
 def items_of(group: RolloutGroup) -> list[Item]:
@@ -164,7 +162,7 @@ def serve(cfg: Config, log: logging.Logger, stop: threading.Event) -> int:
         except ScorerConfigError as err:
             raise ServiceError(str(err)) from err
         streams = RunStreams.from_config(cfg)
-        consumer = streams.consumer(ROLLOUTS, CONSUMER_GROUP, replica_id())
+        consumer = streams.consumer(ROLLOUTS, REWARD_GROUP, replica_id())
         state.set_ready(reward, lambda: bool(streams.client.ping()))
         read_groups = max(1, rc.batch_size // cfg.generator.samples_per_prompt)
         RewardLoop(

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from asyncrlhf.metrics import metric_name
+from asyncrlhf import metrics as names
 
 REWARD_BUCKETS = (-10, -5, -2, -1, -0.75, -0.5, -0.25, 0, 0.25, 0.5, 0.75, 1, 2, 5, 10)
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RUNNING_WINDOW = 1000  # the running means are over this many most recent samples
-
-
-def _name(what: str, unit: str | None = None) -> str:
-    return metric_name("reward", what, unit)
 
 
 class RewardMetrics:
@@ -23,41 +19,41 @@ class RewardMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.groups = Counter(
-            _name("groups_scored", "total"), "Rollout groups scored and written.", registry=r
+            names.REWARD_GROUPS_SCORED_TOTAL, "Rollout groups scored and written.", registry=r
         )
         self.samples = Counter(
-            _name("samples_scored", "total"), "Completions scored (stream and HTTP).", ["source"], registry=r
+            names.REWARD_SAMPLES_SCORED_TOTAL, "Completions scored (stream and HTTP).", ["source"], registry=r
         )
         self.latency = Histogram(
-            _name("scoring", "seconds"),
+            names.REWARD_SCORING_SECONDS,
             "Time of one scoring call (a batch of items).",
             ["source"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.reward = Histogram(
-            _name("reward"), "Distribution of total rewards.", buckets=REWARD_BUCKETS, registry=r
+            names.REWARD_REWARD, "Distribution of total rewards.", buckets=REWARD_BUCKETS, registry=r
         )
         self.reward_mean = Gauge(
-            _name("reward_mean"), f"Mean total reward of the last {RUNNING_WINDOW} samples.", registry=r
+            names.REWARD_REWARD_MEAN, f"Mean total reward of the last {RUNNING_WINDOW} samples.", registry=r
         )
         self.component_mean = Gauge(
-            _name("component_mean"),
+            names.REWARD_COMPONENT_MEAN,
             f"Mean of each reward component over its last {RUNNING_WINDOW} samples.",
             ["component"],
             registry=r,
         )
         self.truncated = Counter(
-            _name("truncated_inputs", "total"), "Reward-model inputs cut to reward.max_length.", registry=r
+            names.REWARD_TRUNCATED_INPUTS_TOTAL, "Reward-model inputs cut to reward.max_length.", registry=r
         )
-        self.errors = Counter(_name("scoring_errors", "total"), "Scoring calls that raised.", registry=r)
+        self.errors = Counter(names.REWARD_SCORING_ERRORS_TOTAL, "Scoring calls that raised.", registry=r)
         self.dead_lettered = Counter(
-            _name("dead_lettered_groups", "total"),
+            names.REWARD_DEAD_LETTERED_GROUPS_TOTAL,
             "Rollout groups sent to the dead-letter stream.",
             registry=r,
         )
         self.duplicates = Counter(
-            _name("duplicate_groups", "total"),
+            names.REWARD_DUPLICATE_GROUPS_TOTAL,
             "Re-delivered groups skipped because they were already scored.",
             registry=r,
         )

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncrlhf.config import load_config
+from asyncrlhf.training.checkpoint import latest_version
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,10 +69,9 @@ def test_sigint_stops_everything_and_leaves_a_resumable_checkpoint(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     code, out = finish(proc, timeout=180)
     assert code == 130, out[-4000:]
-    pointer = tmp_path / "run" / "checkpoints" / "latest"
-    state = json.loads((pointer.parent / pointer.read_text().strip() / "learner_state.json").read_text())
+    version = latest_version(load_config([tmp_path / "run" / "config.yaml"]))
     trained = [json.loads(line)["version"] for line in consumed.read_text().splitlines()
                if json.loads(line)["kind"] == "trained"]
-    assert state["version"] == max(trained)  # the checkpoint holds every trained step: nothing to redo
+    assert version == max(trained)  # the checkpoint holds every trained step: nothing to redo
     leftover = subprocess.run(["pgrep", "-f", f"e2e-{tmp_path.name}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "services still running after the stop"

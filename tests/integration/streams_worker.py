@@ -14,7 +14,7 @@ import time
 
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.config import RedisConfig
-from asyncrlhf.streams import PROMPTS, ROLLOUTS, RunStreams, connect
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = RedisConfig(claim_idle_ms=300, block_ms=100)
     streams = RunStreams(connect(cfg, args.url), args.run, cfg)
-    consumer = streams.consumer(PROMPTS, "generators", args.consumer)
+    consumer = streams.consumer(PROMPTS, GENERATOR_GROUP, args.consumer)
     rollouts = streams.producer(ROLLOUTS)
     batches = 0
     while True:

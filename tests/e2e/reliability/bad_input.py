@@ -8,7 +8,7 @@ import redis
 from google.protobuf.message import DecodeError
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
-from asyncrlhf.streams import DEAD_LETTER, run_key
+from asyncrlhf.streams import FLOW, PROMPTS, RunStreams
 from tests.e2e.reliability.cluster import Cluster
 
 OVERSIZED_BYTES = 4 << 20
@@ -48,7 +48,7 @@ def bad_entries(stream: str) -> dict[str, dict[str, bytes]]:
     """id -> entry fields, for one stream."""
     valid = (
         PromptGroup(group_id="x", prompt="hello " * 20, prompt_token_ids=list(range(3, 40)), k=2)
-        if stream == "prompts"
+        if stream == PROMPTS.name
         else rollout("x", 2, "a long enough completion text " * 4)
     )
     entries = {
@@ -57,7 +57,7 @@ def bad_entries(stream: str) -> dict[str, dict[str, bytes]]:
         "no-payload": {"note": b"no pb field"},
         "oversized-garbage": {"pb": b"\xff" * OVERSIZED_BYTES},  # a varint that never ends
     }
-    if stream == "prompts":  # well-formed, but more prompt tokens than any model here takes, or absurd k
+    if stream == PROMPTS.name:  # well-formed, but more prompt tokens than any model here takes, or absurd k
         entries["oversized-prompt"] = {
             "pb": PromptGroup(group_id="x", prompt_token_ids=[5] * 100_000, k=2).SerializeToString()
         }
@@ -70,7 +70,7 @@ def bad_entries(stream: str) -> dict[str, dict[str, bytes]]:
     for name, fields in entries.items():
         ident = f"bad-{stream}-{name}"
         if "pb" in fields and fields["pb"] and not name.endswith("garbage") and name != "malformed":
-            parsed = (PromptGroup if stream == "prompts" else RolloutGroup)()
+            parsed = (PromptGroup if stream == PROMPTS.name else RolloutGroup)()
             try:  # give well-formed payloads their own id, so the reason names them
                 parsed.ParseFromString(fields["pb"])
                 parsed.group_id = ident
@@ -85,15 +85,15 @@ def inject_bad_entries(c: Cluster) -> None:
     """XADD every bad entry into the three streams of the live run `c`; wait until each is dead-lettered
     with its reason and training has gone on; every service is still up."""
     client = redis.Redis.from_url(c.redis.url)
+    streams = RunStreams(client, c.run)
     sent: dict[str, str] = {}
-    for stream in ("prompts", "rollouts", "scored"):
-        for ident, fields in bad_entries(stream).items():
-            client.xadd(run_key(c.run, stream), fields)
-            sent[ident] = stream
+    for spec, _ in FLOW:
+        for ident, fields in bad_entries(spec.name).items():
+            client.xadd(streams.key(spec.name), fields)
+            sent[ident] = spec.name
 
     def dead_lettered() -> dict[str, str]:
-        entries = client.xrange(run_key(c.run, DEAD_LETTER))
-        return {f[b"id"].decode(): f[b"reason"].decode() for _, f in entries if f[b"id"].decode() in sent}
+        return {d.identity: d.reason for d in streams.dead_letters(count=None) if d.identity in sent}
 
     c.wait(lambda: len(dead_lettered()) == len(sent), "every bad entry to be dead-lettered", timeout_s=180)
     c.wait_steps(3, "after the bad entries")
@@ -116,4 +116,4 @@ def inject_bad_entries(c: Cluster) -> None:
     client.close()
 
 
-BAD_ENTRIES = sum(len(bad_entries(s)) for s in ("prompts", "rollouts", "scored"))
+BAD_ENTRIES = sum(len(bad_entries(spec.name)) for spec, _ in FLOW)

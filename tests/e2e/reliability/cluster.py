@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrlhf.config import load_config
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
+from asyncrlhf.training.checkpoint import latest_version
 
 ROOT = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
@@ -177,9 +178,9 @@ class Cluster:
         """Optimizer steps recorded in consumed.jsonl (over restarts)."""
         return sum(1 for r in self.consumed() if r["kind"] == "trained")
 
-    def latest_checkpoint(self) -> str | None:
-        pointer = self.dir / "checkpoints" / "latest"
-        return pointer.read_text().strip() if pointer.exists() else None
+    def latest_version(self) -> int | None:
+        """The policy version of the run's newest checkpoint, None before the first."""
+        return latest_version(self.cfg)
 
     def wait(
         self, condition: Callable[[], T], what: str, timeout_s: float = 240, allow_dead: tuple = ()

@@ -14,8 +14,10 @@ import time
 
 import pytest
 
-from tests.e2e.reliability.cluster import Cluster
+from asyncrlhf import metrics as names
+from asyncrlhf.training.checkpoint import step_dir
 from tests.e2e.reliability.bad_input import BAD_ENTRIES, inject_bad_entries
+from tests.e2e.reliability.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -31,14 +33,14 @@ def kill_and_restart_reward(c: Cluster) -> None:
     """SIGKILL a reward replica mid-run: the other one (and re-claim of its pending groups) keeps training
     going; restarted, it scores again."""
     c.wait(
-        lambda: c.procs["reward-0"].metrics().get("asyncrlhf_reward_groups_scored_total", 0) > 0,
+        lambda: c.procs["reward-0"].metrics().get(names.REWARD_GROUPS_SCORED_TOTAL, 0) > 0,
         "reward-0 to score something",
     )
     c.procs["reward-0"].kill()
     c.wait_steps(2, "with reward-0 dead", allow_dead=("reward-0",))
     c.start("reward-0")
     c.wait(
-        lambda: c.procs["reward-0"].metrics().get("asyncrlhf_reward_groups_scored_total", 0) > 0,
+        lambda: c.procs["reward-0"].metrics().get(names.REWARD_GROUPS_SCORED_TOTAL, 0) > 0,
         "the restarted reward-0 to score",
     )
     assert_audit(c)
@@ -52,12 +54,12 @@ def kill_and_restart_generator(c: Cluster) -> None:
 
     def rejoined() -> bool:
         m, learner = c.procs["generator-0"].metrics(), c.procs["learner"].metrics()
-        version = next((v for k, v in m.items() if k.startswith("asyncrlhf_generator_policy_version")), 0)
+        version = next((v for k, v in m.items() if k.startswith(names.GENERATOR_POLICY_VERSION)), 0)
         # it serves the version the learner held when it joined (or a later one), and generates with it
         return (
             version >= 1
-            and m.get("asyncrlhf_generator_groups_total", 0) > 0
-            and version >= learner.get("asyncrlhf_learner_version", 1e9) - 2
+            and m.get(names.GENERATOR_GROUPS_TOTAL, 0) > 0
+            and version >= learner.get(names.LEARNER_VERSION, 1e9) - 2
         )
 
     c.wait(rejoined, "the restarted generator-0 to receive the current weights and generate")
@@ -66,13 +68,12 @@ def kill_and_restart_generator(c: Cluster) -> None:
 
 def kill_and_restart_learner(c: Cluster) -> None:
     """SIGKILL the learner right after a checkpoint; restarted, it resumes at that version."""
-    before = c.latest_checkpoint()
-    checkpoint = c.wait(
-        lambda: (c.latest_checkpoint() or None) if c.latest_checkpoint() != before else None,
+    before = c.latest_version()
+    version = c.wait(
+        lambda: (c.latest_version() or None) if c.latest_version() != before else None,
         "a new checkpoint",
     )
     c.procs["learner"].kill()
-    version = int(checkpoint.split("-")[1])  # step-XXXXXX holds version XXXXXX
     c.start("learner")
     c.wait(
         lambda: (
@@ -83,7 +84,7 @@ def kill_and_restart_learner(c: Cluster) -> None:
     )
     log = c.procs["learner"].log_path.read_text()
     resumed = [line for line in log.splitlines() if "resumed from" in line][-1]
-    assert resumed.endswith(f"at version {version}") or f"step-{version:06d}" in resumed, resumed
+    assert resumed.endswith(f"at version {version}") or step_dir(c.dir, version).name in resumed, resumed
     c.wait_steps(2, "after the learner restarted")
     assert_audit(c)
 
@@ -110,13 +111,13 @@ def stall_generator(c: Cluster) -> None:
         failures = {
             k: v
             for k, v in c.procs["learner"].metrics().items()
-            if k.startswith("asyncrlhf_learner_push_failures_total") and "status=unreachable" in k
+            if k.startswith(names.LEARNER_PUSH_FAILURES_TOTAL) and "status=unreachable" in k
         }
         assert failures, "no push to the stalled generator timed out"
     finally:
         gen.signal(signal.SIGCONT)
     c.wait(
-        lambda: gen.metrics().get("asyncrlhf_generator_groups_total", 0) > 0, "generator-0 to answer again"
+        lambda: gen.metrics().get(names.GENERATOR_GROUPS_TOTAL, 0) > 0, "generator-0 to answer again"
     )
     max_staleness = c.cfg.learner.max_staleness
     trained = [s for r in c.consumed() if r["kind"] == "trained" for s in r["staleness"]]

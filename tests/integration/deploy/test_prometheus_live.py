@@ -25,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from asyncrlhf import metrics as names
 from asyncrlhf.redis_server import free_port
 from tests.unit.deploy.helpers import (
     ALERTS,
@@ -132,7 +133,7 @@ class Stack:
         while time.monotonic() < deadline:
             self.check_alive()
             try:
-                if self.query(f"max(asyncrlhf_learner_steps_total) >= {steps}"):
+                if self.query(f"max({names.LEARNER_STEPS_TOTAL}) >= {steps}"):
                     return
             except httpx.HTTPError:
                 pass  # Prometheus still starting

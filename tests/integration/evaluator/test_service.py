@@ -10,9 +10,11 @@ import uuid
 import httpx
 import pytest
 
+from asyncrlhf import metrics as names
 from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_RUN_FINISHED, Event
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import EVENTS, RunStreams
+from asyncrlhf.training.checkpoint import step_dir
 from services.evaluator.loop import Evaluator
 from tests.integration.evaluator.checkpoints import write_checkpoint
 
@@ -92,14 +94,14 @@ def test_follows_checkpoint_events_and_exits_after_run_finished(tmp_path, redis_
         wait_for(lambda: len(results(tmp_path)) == 2)
         row = results(tmp_path)[1]
         assert (row["version"], row["step"]) == (5, 4)
-        assert row["checkpoint"].endswith("step-000005") and row["kl"] != 0.0 and row["elapsed_s"] > 0
+        assert row["checkpoint"] == str(step_dir(tmp_path, 5)) and row["kl"] != 0.0 and row["elapsed_s"] > 0
 
         metrics = httpx.get(f"{evaluator.http.url}/metrics").text
-        assert "asyncrlhf_evaluator_version 5.0" in metrics
+        assert f"{names.EVALUATOR_VERSION} 5.0" in metrics
         assert float(
-            re.search(r"^asyncrlhf_evaluator_kl (\S+)$", metrics, re.MULTILINE).group(1)
+            re.search(rf"^{names.EVALUATOR_KL} (\S+)$", metrics, re.MULTILINE).group(1)
         ) == pytest.approx(row["kl"])
-        assert "asyncrlhf_evaluator_evaluations_total 2.0" in metrics
+        assert f"{names.EVALUATOR_EVALUATIONS_TOTAL} 2.0" in metrics
         assert httpx.get(f"{evaluator.http.url}/readyz").status_code == 200
 
         final = write_checkpoint(tmp_path, 6, scale=0.5)  # saved, then the run finishes: evaluated although
@@ -133,7 +135,7 @@ def test_a_restarted_evaluator_does_not_redo_versions(tmp_path, redis_url, run_n
     first.http.stop()
     second = Evaluator(cfg).start()
     second.evaluate_initial()
-    second.evaluate_checkpoint(str(tmp_path / "checkpoints" / "step-000002"), 2)
-    second.evaluate_checkpoint(str(tmp_path / "checkpoints" / "step-000099"), 99)  # pruned: skipped
+    second.evaluate_checkpoint(str(step_dir(tmp_path, 2)), 2)
+    second.evaluate_checkpoint(str(step_dir(tmp_path, 99)), 99)  # pruned: skipped
     second.http.stop()
     assert [r["version"] for r in results(tmp_path)] == [1, 2]

@@ -1,3 +1,5 @@
+"""`asyncrlhf bench generator`: the generator service as its own process beside the bare backend call."""
+
 import json
 
 import pytest
@@ -5,14 +7,22 @@ import pytest
 from asyncrlhf.bench.generator import main
 
 pytestmark = pytest.mark.integration
+TINY = ["--config", "configs/tiny.yaml", "--prompts", "8", "--repeats", "1", "generator.device=cpu"]
 
 
 def test_bench_compares_service_and_bare_on_the_same_samples(capsys):
-    assert main(["--config", "configs/tiny.yaml", "--prompts", "8", "--repeats", "1", "--json",
-                 "generator.device=cpu"]) == 0
+    assert main([*TINY, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     (round_,) = result["rounds"]
-    # same seed per phase: the service wrote exactly the tokens the bare backend sampled
+    # same seed, thread count and batches on each side: the service process wrote exactly the tokens the
+    # bare backend sampled in this one
     assert round_["service_tokens"] == round_["bare_tokens"] > 0
     assert result["bare_tokens_per_s"] > 0 and result["service_tokens_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["service_tokens_per_s"] / result["bare_tokens_per_s"])
+    assert result["threads"] >= 1
+
+
+def test_a_service_that_cannot_start_fails_the_bench_with_its_log():
+    # the service refuses a non-loopback HTTP bind without a token; the bare side would run
+    with pytest.raises(RuntimeError, match=r"did not register \(exited with 2\)[\s\S]*no auth token"):
+        main([*TINY, "generator.http_host=0.0.0.0"])

@@ -5,12 +5,19 @@ import re
 import httpx
 import pytest
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.streams import PROMPTS, RunStreams
-from services.generator.loop import CONSUMER_GROUP
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from tests.integration.generator.helpers import (
-    START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, rollouts, rollouts_for, wait_for,
+    START_TIMEOUT_S,
+    GeneratorProcess,
+    enqueue,
+    members,
+    push,
+    rollouts,
+    rollouts_for,
+    wait_for,
 )
 from tests.unit.generator.peaked import perturbed_state_dict
 
@@ -20,7 +27,7 @@ N_PROMPTS = 24
 
 def idle_seconds(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    match = re.search(r"^asyncrlhf_generator_idle_seconds_total ([0-9.e+-]+)$", text, re.M)
+    match = re.search(rf"^{names.GENERATOR_IDLE_SECONDS_TOTAL} ([0-9.e+-]+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
 
 
@@ -37,7 +44,7 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
         # Without weights neither generator reads: idle time grows, the prompts stay undelivered.
         wait_for(lambda: all(idle_seconds(p.url) > 1.0 for p in procs), "both generators to idle a second",
                  alive=procs)
-        stats = RunStreams(redis_client, run_name).stats(PROMPTS, CONSUMER_GROUP)
+        stats = RunStreams(redis_client, run_name).stats(PROMPTS, GENERATOR_GROUP)
         assert (stats.length, stats.pending) == (N_PROMPTS, 0) and rollouts(redis_client, run_name) == []
 
         push(perturbed_state_dict(load_policy(cfg.model), seed=5), 1, live)
@@ -47,7 +54,7 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
         assert sorted(g.group_id for g in written) == sorted(ids)  # none twice, none missed
         assert {g.generator_id for g in written} == {m.id for m in live}  # both did some of the work
         assert all(g.policy_version == 1 for g in written)
-        stats = RunStreams(redis_client, run_name).stats(PROMPTS, CONSUMER_GROUP)
+        stats = RunStreams(redis_client, run_name).stats(PROMPTS, GENERATOR_GROUP)
         assert (stats.length, stats.pending) == (0, 0)
 
         procs[0].stop()  # SIGTERM: finish the batch, leave the registry, exit cleanly

@@ -7,11 +7,20 @@ import pytest
 import redis
 import torch
 
+from asyncrlhf import metrics as names
 from asyncrlhf._proto.rollout_pb2 import FinishReason
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.streams import run_key
 from tests.integration.generator.helpers import (
-    START_TIMEOUT_S, GeneratorProcess, enqueue, members, push, recomputed_logprobs, rollouts, rollouts_for,
+    START_TIMEOUT_S,
+    GeneratorProcess,
+    enqueue,
+    members,
+    push,
+    recomputed_logprobs,
+    rollouts,
+    rollouts_for,
     wait_for,
 )
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
@@ -51,7 +60,7 @@ class Running:
 
     def close(self) -> None:
         self.process.stop()
-        keys = list(self.client.scan_iter(match=f"asyncrlhf:{self.run}:*"))
+        keys = list(self.client.scan_iter(match=run_key(self.run, "*")))
         if keys:
             self.client.delete(*keys)
         self.client.close()
@@ -140,6 +149,6 @@ def test_completions_endpoint_returns_text_and_the_version(gen):
         bad = http.post("/v1/completions", json={"prompt": "hi", "temperature": 0})
         assert bad.status_code == 422 and "temperature" in bad.text
         metrics = http.get("/metrics").text
-        gauge = f'asyncrlhf_generator_policy_version{{generator="{gen.member.id}"}} {float(version)}'
+        gauge = f'{names.GENERATOR_POLICY_VERSION}{{generator="{gen.member.id}"}} {float(version)}'
         assert gauge in metrics
-        assert "asyncrlhf_generator_tokens_total" in metrics
+        assert names.GENERATOR_TOKENS_TOTAL in metrics

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
@@ -46,6 +47,6 @@ def test_a_push_waits_for_the_batch_in_progress_and_replies_once_applied():
 
             (stale,) = pusher.push(new, 1, target)
             assert (stale.status, stale.code) == ("rejected", "FAILED_PRECONDITION") and backend.version == 1
-        assert metrics.registry.get_sample_value("asyncrlhf_generator_weight_updates_total") == 1
+        assert metrics.registry.get_sample_value(names.GENERATOR_WEIGHT_UPDATES_TOTAL) == 1
     finally:
         server.stop()

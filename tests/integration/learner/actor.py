@@ -16,7 +16,7 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, Rollou
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_policy
 from asyncrlhf.registry import Heartbeat, Registry
-from asyncrlhf.streams import PROMPTS, SCORED, RunStreams
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, SCORED, RunStreams
 from asyncrlhf.weights import ModuleTarget, WeightReceiver, serve
 
 
@@ -55,7 +55,7 @@ class Actor:
         return self
 
     def _run(self) -> None:
-        consumer = self.streams.consumer(PROMPTS, "generators", "actor")
+        consumer = self.streams.consumer(PROMPTS, GENERATOR_GROUP, "actor")
         out = self.streams.producer(SCORED)
         while not self.stop.is_set():
             if self.receiver.version < 1:  # no weights yet: generate nothing

@@ -8,7 +8,7 @@ import torch
 
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
-from asyncrlhf.streams import PROMPTS, RunStreams
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from asyncrlhf.training import engine
 from services.learner.loop import Learner
 from asyncrlhf.training.objectives import make_objective
@@ -71,7 +71,7 @@ def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
     trained = sum(len(r["group_ids"]) for r in consumed(cfg))
     assert enqueued - trained <= (1 + 1) * 3  # (max_staleness + 1) x groups_per_step
     assert max(s for r in consumed(cfg) for s in r["staleness"]) <= 1
-    assert streams.stats(PROMPTS, "generators").length <= 6
+    assert streams.stats(PROMPTS, GENERATOR_GROUP).length <= 6
 
 
 def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url, run_name):

@@ -1,6 +1,5 @@
 """The learner as a real process: two ranks under torchrun, and a SIGKILL after a checkpoint."""
 
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from safetensors.torch import load_file
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
+from asyncrlhf.training.checkpoint import HF, latest_version, read_state, step_dir
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.trainer import Trainer
@@ -66,7 +66,7 @@ def test_two_ranks_zero2_equal_one_rank_with_twice_the_accumulation(tmp_path, re
         actor.close()
     rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
     assert len(rows) == 3
-    two_ranks = load_file(str(cfg.run.path / "checkpoints" / "step-000004" / "hf" / "model.safetensors"))
+    two_ranks = load_file(str(step_dir(cfg.run.path, 4) / HF / "model.safetensors"))
     one_rank = sync_weights(cfg, rows, actor.prompts)
     # Tolerance: the two ranks all-reduce partial gradient sums, one rank adds micro-batches in sequence;
     # fp32 addition in another order differs in the last bits, which Adam's normalisation can amplify to
@@ -82,12 +82,11 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
     cfg = load_config(["configs/tiny.yaml"], args)
     actor = Actor(cfg, redis_url).start()
     cmd = [sys.executable, "-m", "services.learner", "--config", "configs/tiny.yaml", *args]
-    latest = cfg.run.path / "checkpoints" / "latest"
     try:
         first_log = tmp_path / "first.log"
         proc = start(cmd, first_log)
         deadline = time.monotonic() + 180
-        while not (latest.exists() and latest.read_text().strip() == "step-000003"):
+        while latest_version(cfg) != 3:
             assert proc.poll() is None, first_log.read_text()[-3000:]
             assert time.monotonic() < deadline, first_log.read_text()[-3000:]
             time.sleep(0.05)
@@ -103,4 +102,4 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
     assert len(trained) == len(set(trained)), "a group was trained twice"
     versions = [r["version"] for r in consumed(cfg) if r["kind"] == "trained"]
     assert versions[-1] == 7 and killed_at >= 3
-    assert json.loads((cfg.run.path / "checkpoints" / "step-000007" / "learner_state.json").read_text())["version"] == 7
+    assert read_state(step_dir(cfg.run.path, 7)).version == 7

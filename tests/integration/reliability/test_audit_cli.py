@@ -15,7 +15,7 @@ from asyncrlhf._proto.events_pb2 import EVENT_KIND_RUN_FINISHED, Event
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.config import load_config
 from asyncrlhf.redis_server import EmbeddedRedis
-from asyncrlhf.streams import EVENTS, SCORED, RunStreams, connect
+from asyncrlhf.streams import EVENTS, FEED_CURSOR, SCORED, RunStreams, connect
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,7 +40,7 @@ def fake_run(run_dir: Path, server: EmbeddedRedis, trained: list[str], in_scored
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())  # as `asyncrlhf up` writes it (no redis.url)
     streams = RunStreams(connect(cfg.redis, server.url), cfg.run.name)
-    streams.client.set(streams.key("feed_cursor"), 4)
+    streams.client.set(streams.key(FEED_CURSOR), 4)
     streams.producer(SCORED).add_many([RolloutGroup(group_id=g) for g in in_scored])
     if finished:
         streams.producer(EVENTS).add(Event(event_id="e1", kind=EVENT_KIND_RUN_FINISHED))

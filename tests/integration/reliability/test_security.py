@@ -20,7 +20,15 @@ import redis
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis, find_redis_server, free_port
-from asyncrlhf.streams import ROLLOUTS, SCORED, RunStreams, connect
+from asyncrlhf.streams import (
+    LEARNER_GROUP,
+    PAYLOAD_FIELD,
+    REWARD_GROUP,
+    ROLLOUTS,
+    SCORED,
+    RunStreams,
+    connect,
+)
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
@@ -208,7 +216,7 @@ def test_rediss_with_a_ca_file_and_a_password_carries_the_streams(tls_redis, run
     cfg = RedisConfig(url=url, password="tls-pw", tls_ca_certs=str(ca), block_ms=100)
     streams = RunStreams(connect(cfg), run_name, cfg)
     streams.producer(ROLLOUTS).add(RolloutGroup(group_id="g1"))
-    (delivery,) = streams.consumer(ROLLOUTS, "reward", "r0").read(10)
+    (delivery,) = streams.consumer(ROLLOUTS, REWARD_GROUP, "r0").read(10)
     assert delivery.identity == "g1"
     with pytest.raises(redis.ConnectionError):  # without the CA the self-signed certificate is refused
         connect(RedisConfig(url=url, password="tls-pw"), retries=0).ping()
@@ -244,7 +252,7 @@ def test_a_reward_service_scores_over_tls(tls_redis, run_name):
     )
     try:
         deadline = time.monotonic() + 120
-        while not streams.stats(SCORED, "learner").length:
+        while not streams.stats(SCORED, LEARNER_GROUP).length:
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "the reward service did not score over TLS"
             time.sleep(0.2)
@@ -252,5 +260,5 @@ def test_a_reward_service_scores_over_tls(tls_redis, run_name):
         proc.terminate()
         finish(proc, 30)
     (entry,) = streams.client.xrange(streams.key(SCORED.name))
-    scored = RolloutGroup.FromString(entry[1][b"pb"])
+    scored = RolloutGroup.FromString(entry[1][PAYLOAD_FIELD])
     assert scored.group_id == "g-tls" and scored.samples[0].reward > 0

@@ -4,6 +4,7 @@ import httpx
 import pytest
 import requests
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import RewardConfig, ScorerConfig
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.rewards.remote import RemoteScorer
@@ -80,7 +81,7 @@ def test_get_reward_answers_an_openrlhf_client_request(served):
     assert openrlhf_post(url + "/get_reward", {"query": [POSITIVE]})["rewards"] == pytest.approx(
         [vader(POSITIVE)]
     )
-    assert 'asyncrlhf_reward_samples_scored_total{source="http"} 3.0' in requests.get(url + "/metrics").text
+    assert f'{names.REWARD_SAMPLES_SCORED_TOTAL}{{source="http"}} 3.0' in requests.get(url + "/metrics").text
     assert requests.get(url + "/readyz").status_code == 200
 
 

@@ -8,8 +8,8 @@ import torch
 from asyncrlhf.config import RedisConfig, RewardConfig, ScorerConfig
 from asyncrlhf.models import build_tiny_tokenizer, load_score_model
 from asyncrlhf.rewards import build_reward
-from asyncrlhf.streams import ROLLOUTS, SCORED, RunStreams
-from services.reward.loop import CONSUMER_GROUP, RewardLoop
+from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, SCORED, RunStreams
+from services.reward.loop import RewardLoop
 from services.reward.metrics import RewardMetrics
 from tests.integration.reward.helpers import COMPLETIONS, rollout, scored_groups
 
@@ -23,7 +23,7 @@ def make_loop(client, run, reward_cfg, consumer="r0", read_groups=4):
     metrics = RewardMetrics()
     loop = RewardLoop(
         build_reward(reward_cfg),
-        streams.consumer(ROLLOUTS, CONSUMER_GROUP, consumer),
+        streams.consumer(ROLLOUTS, REWARD_GROUP, consumer),
         streams.producer(SCORED),
         metrics,
         scorer_id=consumer,
@@ -67,7 +67,7 @@ def test_tiny_reward_model_through_redis_equals_a_direct_forward_pass(redis_clie
             assert list(sample_out.completion_token_ids) == list(sample_in.completion_token_ids)
     assert metrics.groups._value.get() == 5
     assert metrics.samples.labels("stream")._value.get() == 15
-    assert streams.stats(ROLLOUTS, CONSUMER_GROUP).pending == 0
+    assert streams.stats(ROLLOUTS, REWARD_GROUP).pending == 0
 
 
 def test_sentiment_with_missing_eos_penalty_and_weights(redis_client, run_name):
@@ -108,7 +108,7 @@ def test_a_failing_group_is_dead_lettered_with_the_reason_and_later_groups_still
     run_until(loop, lambda: len(streams.dead_letters()) == 1 and len(scored_groups(streams)) == 4)
 
     (dead,) = streams.dead_letters()
-    assert dead.identity == "bad" and dead.stream == "rollouts"
+    assert dead.identity == "bad" and dead.stream == ROLLOUTS.name
     assert "ValueError: cannot score POISON" in dead.reason and dead.deliveries == FAST.max_deliveries
     assert sorted(g.group_id for g in scored_groups(streams)) == ["ok-0", "ok-1", "ok-2", "ok-3"]
     assert metrics.dead_lettered._value.get() == 1
@@ -116,7 +116,7 @@ def test_a_failing_group_is_dead_lettered_with_the_reason_and_later_groups_still
     assert metrics.errors._value.get() >= FAST.max_deliveries * (1 + cfg.retries)
     time.sleep(FAST.claim_idle_ms / 1000 * 2)
     loop.step(block_ms=50)
-    assert streams.stats(ROLLOUTS, CONSUMER_GROUP).pending == 0 and len(scored_groups(streams)) == 4
+    assert streams.stats(ROLLOUTS, REWARD_GROUP).pending == 0 and len(scored_groups(streams)) == 4
 
 
 def test_a_group_enqueued_twice_is_scored_once(redis_client, run_name):
@@ -124,7 +124,7 @@ def test_a_group_enqueued_twice_is_scored_once(redis_client, run_name):
     streams, loop, metrics = make_loop(redis_client, run_name, cfg, read_groups=1)
     streams.producer(ROLLOUTS).add_many([rollout("g0"), rollout("g1"), rollout("g0")])
     run_until(
-        loop, lambda: len(scored_groups(streams)) >= 2 and streams.stats(ROLLOUTS, CONSUMER_GROUP).length == 0
+        loop, lambda: len(scored_groups(streams)) >= 2 and streams.stats(ROLLOUTS, REWARD_GROUP).length == 0
     )
     assert sorted(g.group_id for g in scored_groups(streams)) == ["g0", "g1"]
     assert metrics.groups._value.get() == 2 and metrics.duplicates._value.get() == 1

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import RedisConfig
-from asyncrlhf.streams import ROLLOUTS, RunStreams
-from services.reward.loop import CONSUMER_GROUP
+from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, RunStreams
 from tests.integration.reward.helpers import rollout, scored_groups, wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,13 +96,13 @@ def test_two_replicas_one_killed_mid_batch_score_every_group_exactly_once(
         wait_for(lambda: Path(f"{stall}.stalled").exists(), 30, "the victim to stall mid-batch")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
-        pending = redis_client.xpending(streams.key(ROLLOUTS.name), CONSUMER_GROUP)
+        pending = redis_client.xpending(streams.key(ROLLOUTS.name), REWARD_GROUP)
         held = {c["name"]: c["pending"] for c in pending["consumers"]}
         victim_name = next(n for n in held if n.decode().endswith(f"-{victim.pid}"))
         assert held[victim_name] >= 1, "the victim should die holding an unacked group"
 
         wait_for(lambda: len(scored_groups(streams)) >= GROUPS, 90, "every group scored", poll_s=0.2)
-        wait_for(lambda: streams.stats(ROLLOUTS, CONSUMER_GROUP).pending == 0, 30, "nothing left pending")
+        wait_for(lambda: streams.stats(ROLLOUTS, REWARD_GROUP).pending == 0, 30, "nothing left pending")
         ids = [g.group_id for g in scored_groups(streams)]
         assert sorted(ids) == [f"g{i:03d}" for i in range(GROUPS)], "each group exactly once"
         assert all(
@@ -110,7 +110,7 @@ def test_two_replicas_one_killed_mid_batch_score_every_group_exactly_once(
             for g in scored_groups(streams)
         )
         metrics = requests.get(f"http://127.0.0.1:{ports[1]}/metrics", timeout=5).text
-        assert "asyncrlhf_reward_groups_scored_total" in metrics
+        assert names.REWARD_GROUPS_SCORED_TOTAL in metrics
         assert survivor.poll() is None, "the survivor should still be running"
     finally:
         for proc in (victim, survivor):

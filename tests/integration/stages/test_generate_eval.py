@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from asyncrlhf.training.checkpoint import HF
 from tests.integration.evaluator.checkpoints import write_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -12,7 +13,7 @@ SMALL = ["evaluator.num_prompts=4", "evaluator.max_new_tokens=8"]
 def test_generate_then_eval_per_checkpoint(stage, tmp_path, capsys):
     full = write_checkpoint(tmp_path, 3, scale=2.0)
     lora = write_checkpoint(tmp_path / "lora-run", 5, lora=True)
-    assert stage("generate", *SMALL, "--checkpoint", "initial", str(full), str(lora / "hf")) == 0
+    assert stage("generate", *SMALL, "--checkpoint", "initial", str(full), str(lora / HF)) == 0
     rows = [json.loads(line) for line in (tmp_path / "eval" / "generations.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1] * 4 + [3] * 4 + [5] * 4
     assert {"prompt", "prompt_ids", "completion", "completion_ids", "finish"} <= set(rows[0])

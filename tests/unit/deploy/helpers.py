@@ -167,13 +167,20 @@ def metric_names(expr: str) -> set[str]:
 
 def declared_metrics() -> tuple[set[str], list[str]]:
     """Every sample name the services can export, and the services whose metrics module is not there."""
+    families, missing = declared_families()
+    return {sample for name, kind in families.items() for sample in _sample_names(name, kind)}, missing
+
+
+def declared_families() -> tuple[dict[str, str], list[str]]:
+    """Name -> type of every metric the services declare (a counter's name with its `_total`, as
+    `asyncrlhf.metrics` spells it), and the services whose metrics module is not there."""
     makers = {
         "generator": ("services.generator.metrics", lambda m: m.GeneratorMetrics("g")),
         "reward": ("services.reward.metrics", lambda m: m.RewardMetrics()),
         "learner": ("services.learner.metrics", lambda m: m.LearnerMetrics()),
         "evaluator": ("services.evaluator.metrics", lambda m: m.EvaluatorMetrics()),
     }
-    names: set[str] = set()
+    families: dict[str, str] = {}
     missing = []
     for service, (module, make) in makers.items():
         try:
@@ -182,14 +189,13 @@ def declared_metrics() -> tuple[set[str], list[str]]:
             missing.append(service)
             continue
         for family in registry.collect():
-            names |= set(_sample_names(family.name, family.type))
-    return names, missing
+            name = f"{family.name}_total" if family.type == "counter" else family.name
+            families[name] = family.type
+    return families, missing
 
 
 def _sample_names(name: str, kind: str) -> Iterator[str]:
-    if kind == "counter":
-        yield f"{name}_total"
-    elif kind == "histogram":
+    if kind == "histogram":
         yield from (f"{name}_bucket", f"{name}_count", f"{name}_sum")
     else:
         yield name

@@ -11,7 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
+from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, run_key
 from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manifest_files, render_kustomize
 
 pytestmark = pytest.mark.unit
@@ -350,7 +352,6 @@ def test_only_the_learner_reaches_the_generators_weightsync_port(rendered):
 @needs_kubectl
 def test_autoscalers_target_existing_workloads_and_never_share_one(rendered):
     from services.learner.metrics import LearnerMetrics
-    from services.reward.loop import CONSUMER_GROUP
 
     for target in ("overlays/gpu", "overlays/cpu"):
         docs = rendered[target]
@@ -365,13 +366,13 @@ def test_autoscalers_target_existing_workloads_and_never_share_one(rendered):
     docs = rendered["overlays/gpu"]
     run_name = yaml.safe_load((K8S / "overlays" / "gpu" / "run.yaml").read_text())["run"]["name"]
     redis_trigger = find(docs, "ScaledObject", "reward")["spec"]["triggers"][0]["metadata"]
-    assert redis_trigger["stream"] == f"asyncrlhf:{run_name}:rollouts"
-    assert redis_trigger["consumerGroup"] == CONSUMER_GROUP
+    assert redis_trigger["stream"] == run_key(run_name, ROLLOUTS.name)
+    assert redis_trigger["consumerGroup"] == REWARD_GROUP
     env = {e["name"] for e in container(docs, "Deployment", "reward")["env"]}
     assert redis_trigger["passwordFromEnv"] in env, "KEDA reads the password from the target's environment"
     prom_trigger = find(docs, "ScaledObject", "generator")["spec"]["triggers"][0]["metadata"]
     exported = {
         f.name + "_total" if f.type == "counter" else f.name for f in LearnerMetrics().registry.collect()
     }
-    assert "asyncrlhf_learner_wait_seconds_total" in prom_trigger["query"]
-    assert "asyncrlhf_learner_wait_seconds_total" in exported
+    assert names.LEARNER_WAIT_SECONDS_TOTAL in prom_trigger["query"]
+    assert names.LEARNER_WAIT_SECONDS_TOTAL in exported

@@ -1,16 +1,19 @@
 """deploy/prometheus and deploy/grafana, statically: `promtool check config` / `check rules` pass, every
-metric an alert or a panel names is one a service declares, every alert has the `<signal> <cmp> <threshold>`
-shape the live test relies on, and the dashboard is well-formed against its provisioned data source."""
+metric an alert or a panel names is one `asyncrlhf.metrics` names and a service declares (and the services
+declare exactly the names it holds), every alert has the `<signal> <cmp> <threshold>` shape the live test
+relies on, and the dashboard is well-formed against its provisioned data source."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
 import pytest
 import yaml
 
+from asyncrlhf import metrics
 from tests.unit.deploy.helpers import (
     DASHBOARD,
     DEPLOY,
@@ -18,6 +21,7 @@ from tests.unit.deploy.helpers import (
     alert_rules,
     alert_signal,
     dashboard_queries,
+    declared_families,
     declared_metrics,
     metric_names,
 )
@@ -86,15 +90,25 @@ def test_alert_signal_strips_only_the_top_level_comparison():
         alert_signal("a > 1 and b < 2")
 
 
-def test_every_metric_in_the_dashboard_and_the_alerts_is_declared_by_a_service():
+def test_every_metric_in_the_dashboard_and_the_alerts_is_named_in_asyncrlhf_metrics_and_declared():
+    """The JSON and YAML cannot import the names: each must be one of `asyncrlhf.metrics` (a histogram's
+    samples add `_bucket`, `_count` or `_sum`) and a sample some service exports."""
     declared, missing = declared_metrics()
     queries = dashboard_queries() + [Query(f"alert `{r['alert']}`", r["expr"]) for r in alert_rules()]
     unknown = {}
     for query in queries:
-        for name in metric_names(query.expr) - declared:
-            if name.split("_")[1] not in missing:
+        for name in metric_names(query.expr):
+            named = name in metrics.NAMES or re.sub(r"_(bucket|count|sum)$", "", name) in metrics.NAMES
+            if not named or (name not in declared and name.split("_")[1] not in missing):
                 unknown.setdefault(name, []).append(query.where)
-    assert not unknown, f"metrics no service declares: {unknown}"
+    assert not unknown, f"metrics asyncrlhf.metrics does not name or no service declares: {unknown}"
+
+
+def test_the_services_declare_exactly_the_metrics_asyncrlhf_metrics_names():
+    """`asyncrlhf.metrics` is the one owner of metric names: no service declares another, none is stale."""
+    families, missing = declared_families()
+    assert not missing
+    assert set(families) == metrics.NAMES
 
 
 def test_dashboard_panels_are_well_formed_against_the_provisioned_datasource():

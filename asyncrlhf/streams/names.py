@@ -1,0 +1,75 @@
+"""Every Redis name of a run, defined once: the key layout `asyncrlhf:<run>:<name>` (DESIGN.md "Keys"), the
+streams and what they carry, the consumer group of each hop, and the records kept beside the streams.
+
+Services, the launcher, the audit and the benchmarks use these names; none spells a key or a group itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from asyncrlhf._proto.events_pb2 import Event
+from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
+
+M = TypeVar("M", bound=Message)
+
+PREFIX = "asyncrlhf"
+
+# An entry is two fields: the message's identity and the serialized protobuf (the ack script in
+# `consumer.py` writes the same two).
+ID_FIELD = b"id"
+PAYLOAD_FIELD = b"pb"
+
+
+@dataclass(frozen=True)
+class StreamSpec(Generic[M]):
+    """A stream of one message type. A work queue has a single consumer group, so acked entries are deleted
+    (the stream's length is then its backlog); a broadcast stream keeps entries for every group."""
+
+    name: str
+    message_type: type[M]
+    identity: Callable[[M], str]
+    work_queue: bool = True
+
+
+PROMPTS = StreamSpec("prompts", PromptGroup, lambda m: m.group_id)
+ROLLOUTS = StreamSpec("rollouts", RolloutGroup, lambda m: m.group_id)
+SCORED = StreamSpec("scored", RolloutGroup, lambda m: m.group_id)
+EVENTS = StreamSpec("events", Event, lambda m: m.event_id, work_queue=False)
+STREAMS: dict[str, StreamSpec] = {s.name: s for s in (PROMPTS, ROLLOUTS, SCORED, EVENTS)}
+
+# The consumer group of each hop.
+GENERATOR_GROUP = "generators"  # generator replicas share the prompts
+REWARD_GROUP = "reward"  # reward replicas share the rollouts
+LEARNER_GROUP = "learner"  # the learner reads the scored groups
+EVALUATOR_GROUP = "evaluator"  # the evaluator follows the (broadcast) events
+
+# The work queues in flow order, each with the group that works it: a prompt group is in flight while it
+# is an entry of one of them.
+FLOW: tuple[tuple[StreamSpec, str], ...] = (
+    (PROMPTS, GENERATOR_GROUP),
+    (ROLLOUTS, REWARD_GROUP),
+    (SCORED, LEARNER_GROUP),
+)
+
+# Records beside the streams.
+DEAD_LETTER = "dead_letter"  # stream: entries that could not be processed, with the reason
+CREDITS = "credits"  # the learner's prompt groups in flight (`PromptCredits`)
+FEED_CURSOR = "feed_cursor"  # prompt groups the learner has enqueued: g00000000 .. g<cursor-1>
+LEARNER_FINISHED = "learner_finished"  # prompt groups trained, dropped or dead-lettered
+LEARNER_DEAD_LETTER_CURSOR = "learner_dead_letter_cursor"  # the last dead letter the learner counted
+GENERATOR_REGISTRY = "generators"  # set of live generator ids; `generators:<id>` is each one's hash
+
+
+def run_key(run: str, name: str) -> str:
+    """Redis key of a stream or record of a run (`run_key(run, "*")` matches all of them)."""
+    return f"{PREFIX}:{run}:{name}"
+
+
+def seen_name(stream: str, group: str) -> str:
+    """The record of identities `group` has acked on `stream` (its de-duplication set)."""
+    return f"seen:{stream}:{group}"
