@@ -42,28 +42,18 @@ __all__ = [
 def build_scorer(sc: ScorerConfig, cfg: RewardConfig) -> Scorer:
     """One scorer from its config entry (a model loads here)."""
     if sc.kind == "rule":
-        if not sc.name:
-            raise ScorerConfigError(
-                "a `rule` scorer needs `name`: a shipped rule or `path/to/file.py:function`"
-            )
         return RuleScorer(sc.name, sc.args)
     if sc.kind == "model":
-        if not sc.path:
-            raise ScorerConfigError(
-                "a `model` scorer needs `path`: an HF directory, an RM checkpoint, or `tiny`"
-            )
         from asyncrlhf.rewards.model import ModelScorer  # torch + transformers only when a model is used
 
         return ModelScorer(sc.path, batch_size=cfg.batch_size, max_length=cfg.max_length, device=cfg.device)
-    if not sc.url:
-        raise ScorerConfigError("a `remote` scorer needs `url`, e.g. http://rm-host:5000 (POST /get_reward)")
     from asyncrlhf.rewards.remote import RemoteScorer
 
-    return RemoteScorer(sc.url, timeout_s=cfg.timeout_s, retries=cfg.retries, token=sc.args.get("token"))
+    return RemoteScorer(sc.url, timeout_s=cfg.timeout_s, retries=cfg.retries, token=sc.token)
 
 
 def scorer_label(sc: ScorerConfig) -> str:
-    if sc.kind == "rule" and sc.name:
+    if sc.kind == "rule":
         return sc.name.rsplit(":", 1)[-1]
     return sc.kind
 

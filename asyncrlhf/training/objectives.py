@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from asyncrlhf import algorithms as A
-from asyncrlhf.config import Config
+from asyncrlhf.config import Config, OnlineDPOLearnerConfig, PolicyGradientLearnerConfig, PPOLearnerConfig
 from asyncrlhf.training.batch import SequenceBatch
 
 
@@ -106,7 +106,9 @@ class OnlineDPO:
 
     def __init__(self, cfg: Config):
         lc = cfg.learner
-        self.beta, self.loss_type, self.label_smoothing = lc.beta, lc.dpo_loss_type, lc.label_smoothing
+        assert isinstance(lc, OnlineDPOLearnerConfig)  # make_objective picks this class by lc.algorithm
+        dpo = lc.online_dpo
+        self.beta, self.loss_type, self.label_smoothing = dpo.beta, dpo.loss_type, dpo.label_smoothing
         self.correction = Correction.from_config(cfg)
 
     def select(self, batch: SequenceBatch) -> tuple[SequenceBatch, dict[str, float]]:
@@ -181,7 +183,8 @@ class PolicyGradient(_KLMixin):
 
     def __init__(self, cfg: Config):
         lc = cfg.learner
-        self.algorithm, self.clip_eps = lc.algorithm, lc.clip_eps
+        assert isinstance(lc, PolicyGradientLearnerConfig)  # make_objective picks this class by lc.algorithm
+        self.algorithm, self.clip_eps = lc.algorithm, lc.policy_gradient.clip_eps
         self.correction = Correction.from_config(cfg)
         self._init_kl(cfg)
         self.needs_reference = self.kl_coef > 0 or lc.kl.adaptive
@@ -233,6 +236,7 @@ class PPO(_KLMixin):
 
     def __init__(self, cfg: Config):
         lc = cfg.learner
+        assert isinstance(lc, PPOLearnerConfig)  # make_objective picks this class by lc.algorithm
         self.ppo, self.correction = lc.ppo, Correction.from_config(cfg)
         self._init_kl(cfg)
 

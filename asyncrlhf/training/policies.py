@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrlhf.config import Config, ModelConfig
+from asyncrlhf.config import Config, ModelConfig, PPOLearnerConfig
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import Objective
@@ -39,7 +39,8 @@ def build_models(cfg: Config, objective: Objective) -> LearnerModels:
 
 def value_source(cfg: Config) -> ModelConfig | str:
     """What PPO's value model starts from: the policy (default) or the reward model's weights."""
-    if cfg.learner.ppo.value_init == "reward_model":
+    lc = cfg.learner
+    if isinstance(lc, PPOLearnerConfig) and lc.ppo.value_init == "reward_model":
         paths = [s.path for s in cfg.reward.scorers if s.kind == "model" and s.path]
         if not paths:
             raise ValueError("learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path")

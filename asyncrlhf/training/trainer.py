@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from asyncrlhf import algorithms as A
-from asyncrlhf.config import Config
+from asyncrlhf.config import Config, PPOLearnerConfig
 from asyncrlhf.models import ReferencePolicy, per_token_scores
 from asyncrlhf.training.batch import SequenceBatch, TrainGroup, build_batch
 from asyncrlhf.training.objectives import Objective, Totals
@@ -109,8 +109,9 @@ class Trainer:
     # -- the update --------------------------------------------------------------------------------------
 
     def _passes(self) -> tuple[int, int]:
-        if self.objective.needs_values:
-            return self.cfg.learner.ppo.epochs, self.cfg.learner.ppo.minibatches
+        lc = self.cfg.learner
+        if isinstance(lc, PPOLearnerConfig):
+            return lc.ppo.epochs, lc.ppo.minibatches
         return 1, 1
 
     def _split(self, rows: SequenceBatch, parts: int, generator: torch.Generator | None) -> list[SequenceBatch]:

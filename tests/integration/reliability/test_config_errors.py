@@ -34,6 +34,8 @@ CASES = [
     (["evaluator", "--config", "configs/tiny.yaml", "evaluator.nope=1"], "unknown key `evaluator.nope`"),
     (["audit", "--config", "configs/tiny.yaml", "redis.urll=redis://x"], "did you mean `redis.url`"),
     (["config", "show", "configs/tiny.yaml", "run.seed=zero"], "run.seed"),
+    (["config", "show", "configs/tiny.yaml", "learner.algorithm=ppo", "learner.beta=0.2"],
+     "`learner.beta` is online DPO's, now `learner.online_dpo.beta`"),
 ]
 
 

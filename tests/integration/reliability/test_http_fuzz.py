@@ -11,7 +11,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from asyncrlhf.config import RewardConfig, ScorerConfig, load_config
+from asyncrlhf.config import RewardConfig, RuleScorerConfig, load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.sampling.hf import HFBackend
@@ -46,8 +46,8 @@ def generator_app():
 def reward_app():
     cfg = RewardConfig(
         scorers=[
-            ScorerConfig(kind="rule", name="sentiment"),
-            ScorerConfig(kind="rule", name="exact_match", weight=0.5),
+            RuleScorerConfig(name="sentiment"),
+            RuleScorerConfig(name="exact_match", weight=0.5),
         ],
         max_request_items=8,
     )

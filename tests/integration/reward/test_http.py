@@ -5,7 +5,7 @@ import pytest
 import requests
 
 from asyncrlhf import metrics as names
-from asyncrlhf.config import RewardConfig, ScorerConfig
+from asyncrlhf.config import RewardConfig, RuleScorerConfig
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.rewards.remote import RemoteScorer
 from asyncrlhf.service import HttpServer
@@ -31,8 +31,8 @@ def served(request):
     token = getattr(request, "param", None)
     cfg = RewardConfig(
         scorers=[
-            ScorerConfig(kind="rule", name="sentiment"),
-            ScorerConfig(kind="rule", name="exact_match", weight=0.5),
+            RuleScorerConfig(name="sentiment"),
+            RuleScorerConfig(name="exact_match", weight=0.5),
         ],
         missing_eos_penalty=-1.0,
         max_request_items=4,

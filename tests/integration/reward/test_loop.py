@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from asyncrlhf.config import RedisConfig, RewardConfig, ScorerConfig
+from asyncrlhf.config import ModelScorerConfig, RedisConfig, RewardConfig, RuleScorerConfig
 from asyncrlhf.models import build_tiny_tokenizer, load_score_model
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, SCORED, RunStreams
@@ -42,7 +42,7 @@ def run_until(loop, condition, timeout_s=20.0):
 
 def test_tiny_reward_model_through_redis_equals_a_direct_forward_pass(redis_client, run_name):
     cfg = RewardConfig(
-        scorers=[ScorerConfig(kind="model", path="tiny")], missing_eos_penalty=None, device="cpu"
+        scorers=[ModelScorerConfig(path="tiny")], missing_eos_penalty=None, device="cpu"
     )
     streams, loop, metrics = make_loop(redis_client, run_name, cfg)
     groups = [
@@ -74,7 +74,7 @@ def test_sentiment_with_missing_eos_penalty_and_weights(redis_client, run_name):
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
     cfg = RewardConfig(
-        scorers=[ScorerConfig(kind="rule", name="sentiment", weight=2.0)], missing_eos_penalty=-3.0
+        scorers=[RuleScorerConfig(name="sentiment", weight=2.0)], missing_eos_penalty=-3.0
     )
     streams, loop, _ = make_loop(redis_client, run_name, cfg)
     streams.producer(ROLLOUTS).add(rollout("g0", texts=COMPLETIONS[:2], stopped=(True, False)))
@@ -99,7 +99,7 @@ def test_a_failing_group_is_dead_lettered_with_the_reason_and_later_groups_still
         "        raise ValueError('cannot score POISON')\n"
         "    return [1.0] * len(completions)\n"
     )
-    cfg = RewardConfig(scorers=[ScorerConfig(kind="rule", name=f"{tmp_path}/picky.py:picky")], retries=1)
+    cfg = RewardConfig(scorers=[RuleScorerConfig(name=f"{tmp_path}/picky.py:picky")], retries=1)
     streams, loop, metrics = make_loop(redis_client, run_name, cfg, read_groups=3)
     rollouts = streams.producer(ROLLOUTS)
     rollouts.add_many([rollout("ok-0"), rollout("bad", texts=[" POISON", " fine"]), rollout("ok-1")])
@@ -120,7 +120,7 @@ def test_a_failing_group_is_dead_lettered_with_the_reason_and_later_groups_still
 
 
 def test_a_group_enqueued_twice_is_scored_once(redis_client, run_name):
-    cfg = RewardConfig(scorers=[ScorerConfig(kind="rule", name="sentiment")])
+    cfg = RewardConfig(scorers=[RuleScorerConfig(name="sentiment")])
     streams, loop, metrics = make_loop(redis_client, run_name, cfg, read_groups=1)
     streams.producer(ROLLOUTS).add_many([rollout("g0"), rollout("g1"), rollout("g0")])
     run_until(

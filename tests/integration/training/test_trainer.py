@@ -38,7 +38,7 @@ def sequence_logps(model, groups):
 
 
 def test_online_dpo_raises_the_chosen_minus_rejected_log_ratio():
-    trainer, policy = make_trainer("learner.algorithm=online_dpo", "learner.beta=0.1")
+    trainer, policy = make_trainer("learner.algorithm=online_dpo", "learner.online_dpo.beta=0.1")
     groups = scored_groups(4, 2)  # sample 1 is chosen (reward 1 > 0)
     ref = sequence_logps(trainer.reference, groups)
     margin = lambda: ((sequence_logps(policy, groups) - ref)[:, 1] - (sequence_logps(policy, groups) - ref)[:, 0]).mean()

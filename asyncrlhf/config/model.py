@@ -1,0 +1,73 @@
+"""The policy and how it samples: the model to load (`model`), sampling settings, and the generator service
+(`generator`: backend, replicas, WeightSync and HTTP addresses)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asyncrlhf.config.base import Section
+
+
+class TinyModelConfig(Section):
+    """The `tiny` preset: a random Llama-style model and an offline tokenizer, built in code for tests."""
+
+    layers: int = Field(2, ge=1)
+    hidden: int = Field(64, ge=8)
+    heads: int = Field(4, ge=1)
+    intermediate: int = Field(128, ge=8)
+    max_positions: int = Field(512, ge=16)
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(
+        "smollm2-135m-instruct",
+        description="`tiny`, `smollm2-135m-instruct` (packaged GGUF), a local HF directory, or a .gguf file.",
+    )
+    gguf_file: str | None = Field(
+        None, description="GGUF file name inside `name_or_path` when it is a directory."
+    )
+    cache_dir: str = Field(
+        "~/.cache/asyncrlhf", description="Where GGUF files are converted once to safetensors."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype when loaded."
+    )
+    apply_chat_template: bool = Field(
+        True, description="Wrap prompts in the tokenizer's chat template, if any."
+    )
+    system_prompt: str | None = Field(None, description="System message for the chat template.")
+    max_prompt_tokens: int = Field(256, ge=1, description="Prompts are left-truncated to this many tokens.")
+    tiny: TinyModelConfig = TinyModelConfig()
+    allow_hub: bool = Field(False, description="Allow a hub model name (needs network); off: fail clearly.")
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; behaviour log-probs use it too.")
+    top_p: float = Field(1.0, gt=0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k.")
+    max_new_tokens: int = Field(64, ge=1)
+
+
+class GeneratorConfig(Section):
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="`hf` (transformers, CPU or GPU) or `vllm` (GPU)."
+    )
+    replicas: int = Field(1, ge=1, description="Generator processes `asyncrlhf up` starts.")
+    samples_per_prompt: int = Field(4, ge=1, description="k: completions sampled per prompt group.")
+    batch_prompts: int = Field(8, ge=1, description="Prompt groups sampled together in one backend call.")
+    sampling: SamplingConfig = SamplingConfig()
+    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`.")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: leave torch's default).")
+    grpc_host: str = Field("127.0.0.1", description="WeightSync bind address.")
+    grpc_port: int = Field(0, ge=0, description="WeightSync port (0: pick a free one).")
+    advertise_host: str | None = Field(None, description="Address the learner dials (defaults to grpc_host).")
+    http_host: str = Field("127.0.0.1")
+    http_port: int = Field(0, ge=0, description="Health, metrics and /v1/completions (0: pick a free one).")
+    heartbeat_s: float = Field(2.0, gt=0, description="Registry heartbeat period.")
+    registry_ttl_s: float = Field(10.0, gt=0, description="A generator silent this long leaves the registry.")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0, description="vLLM: fraction of GPU memory.")
+    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: int | None = Field(None, description="vLLM max sequence length (None: model's).")
+

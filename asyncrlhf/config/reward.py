@@ -1,0 +1,97 @@
+"""What scores completions: the scorers (a union on `kind`: `rule`, `model`, `remote`), the reward service
+that sums them (`reward`), and the evaluator, which scores checkpoints with its own gold scorer
+(`evaluator.gold`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from asyncrlhf.config.base import Section, Tagged
+
+
+class _Scorer(Section):
+    kind: str = Field(description="`rule` (Python), `model` (a reward model) or `remote` (HTTP).")
+    weight: float = Field(1.0, description="Weight in the summed reward.")
+
+
+class RuleScorerConfig(_Scorer):
+    """A Python rule, called on each completion."""
+
+    kind: Literal["rule"] = "rule"
+    name: str = Field(min_length=1, description="A shipped rule's name or `path/to/file.py:function`.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the rule.")
+
+
+class ModelScorerConfig(_Scorer):
+    """A reward model (batch size, input length and device: `reward.*`)."""
+
+    kind: Literal["model"] = "model"
+    path: str = Field(
+        min_length=1, description="An HF directory, an `asyncrlhf train-rm` checkpoint, or `tiny`."
+    )
+
+
+class RemoteScorerConfig(_Scorer):
+    """An OpenRLHF-compatible reward server (timeout and retries: `reward.*`)."""
+
+    kind: Literal["remote"] = "remote"
+    url: str = Field(min_length=1, description="Base URL of the server; requests go to `<url>/get_reward`.")
+    token: str | None = Field(None, description="Bearer token sent to the server (never printed or saved).")
+
+
+ScorerConfig = Annotated[RuleScorerConfig | ModelScorerConfig | RemoteScorerConfig, Tagged("kind")]
+
+
+def _sentiment() -> list[ScorerConfig]:
+    return [RuleScorerConfig(name="sentiment")]
+
+
+class RewardConfig(Section):
+    replicas: int = Field(1, ge=1)
+    scorers: list[ScorerConfig] = Field(
+        default_factory=_sentiment,
+        description="Summed with their weights.",
+    )
+    missing_eos_penalty: float | None = Field(
+        -1.0, description="Score for completions without EOS (None: off)."
+    )
+    max_completion_tokens: int | None = Field(
+        None, description="Longer completions get the missing-EOS score."
+    )
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(512, ge=8, description="Reward model input length; longer inputs are truncated.")
+    device: str = "auto"
+    retries: int = Field(2, ge=0, description="Retries of a failing scorer call before dead-lettering.")
+    timeout_s: float = Field(30.0, gt=0, description="Remote scorer timeout.")
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(0, ge=0)
+    max_request_items: int = Field(1024, ge=1, description="HTTP scoring: most items in one request.")
+
+
+class EvaluatorConfig(Section):
+    every_n: int = Field(1, ge=1, description="Evaluate every n-th checkpoint event.")
+    num_prompts: int = Field(100, ge=1, description="Held-out prompts to evaluate on.")
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0, description="0: greedy decoding.")
+    backend: Literal["hf", "vllm"] = "hf"
+    device: str = "auto"
+    threads: int = Field(0, ge=0)
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(0, ge=0)
+    gold: ScorerConfig = Field(
+        default_factory=lambda: RuleScorerConfig(name="sentiment"),
+        description="The gold reward evaluations score with (not `reward.scorers`, which may be a proxy RM).",
+    )
+    missing_eos_penalty: float | None = Field(
+        -1.0,
+        description="Gold score of a completion that did not end with EOS within max_new_tokens (None: off).",
+    )
+    references_path: str | None = Field(
+        None,
+        description="JSONL of {prompt, completion} reference answers for the win rate; unset: the initial "
+        "policy's greedy completions, cached in `<run.dir>/eval/references.jsonl`.",
+    )
+    batch_size: int = Field(16, ge=1, description="Prompts generated and scored per forward pass.")
+

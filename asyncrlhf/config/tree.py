@@ -1,0 +1,76 @@
+"""`Config`, the whole run's tree: its sections, the token from the environment, the YAML that is printed and
+saved (without secrets), and the hash services log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import model_validator
+
+from asyncrlhf.config.base import Section
+from asyncrlhf.config.learner import LearnerConfig, OnlineDPOLearnerConfig
+from asyncrlhf.config.model import GeneratorConfig, ModelConfig
+from asyncrlhf.config.reward import EvaluatorConfig, RewardConfig
+from asyncrlhf.config.run import LaunchConfig, MetricsConfig, RedisConfig, RunConfig, TaskConfig
+from asyncrlhf.config.stages import RelabelConfig, RewardModelTrainingConfig, SFTConfig
+
+
+class Config(Section):
+    """The whole run."""
+
+    run: RunConfig = RunConfig()
+    redis: RedisConfig = RedisConfig()
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    generator: GeneratorConfig = GeneratorConfig()
+    reward: RewardConfig = RewardConfig()
+    learner: LearnerConfig = OnlineDPOLearnerConfig()
+    evaluator: EvaluatorConfig = EvaluatorConfig()
+    sft: SFTConfig = SFTConfig()
+    relabel: RelabelConfig = RelabelConfig()
+    rm: RewardModelTrainingConfig = RewardModelTrainingConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    launch: LaunchConfig = LaunchConfig()
+
+    @model_validator(mode="after")
+    def _token_from_env(self) -> Config:
+        if self.run.token is None and os.environ.get("ASYNCRLHF_TOKEN"):
+            self.run = self.run.model_copy(update={"token": os.environ["ASYNCRLHF_TOKEN"]})
+        return self
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML without its secrets (run.token, redis.password, a password in
+        redis.url, a remote scorer's token), so it is safe to print and to write into run directories and
+        checkpoints."""
+        data = self.model_dump(mode="json")
+        data["run"]["token"] = None
+        data["redis"]["password"] = None
+        if data["redis"]["url"]:
+            data["redis"]["url"] = _without_password(data["redis"]["url"])
+        for scorer in [*data["reward"]["scorers"], data["evaluator"]["gold"]]:
+            if "token" in scorer:
+                scorer["token"] = None
+        return yaml.safe_dump(data, sort_keys=False)
+
+    def hash(self) -> str:
+        """Short, stable hash of the resolved config (the token excluded, so it is safe to log)."""
+        data = self.model_dump(mode="json")
+        data["run"].pop("token", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+    def key(self, stream: str) -> str:
+        """Redis key of a stream or record of this run."""
+        return f"asyncrlhf:{self.run.name}:{stream}"
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}***@{parts.hostname}{port}"))
