@@ -31,10 +31,10 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("asyncrlhf.config_cli", "Show the resolved config: `asyncrlhf config show CONFIG [overrides]`."),

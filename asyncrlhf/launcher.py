@@ -14,9 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families

@@ -20,8 +20,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import torch
 from torch import nn

@@ -12,8 +12,8 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"

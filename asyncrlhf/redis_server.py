@@ -16,8 +16,8 @@ import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import redis
 from redis.backoff import NoBackoff
@@ -85,7 +85,7 @@ class EmbeddedRedis:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self) -> "EmbeddedRedis":
+    def start(self) -> EmbeddedRedis:
         if self.running:
             return self
         fixed_port = self.port != 0
@@ -125,7 +125,7 @@ class EmbeddedRedis:
             self.process.kill()
             self.process.wait()
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

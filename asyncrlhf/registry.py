@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import redis
 
@@ -82,7 +82,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{member_id}", daemon=True)
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self.beat()
         self._thread.start()
         return self
@@ -100,7 +100,7 @@ class Heartbeat:
             except redis.RedisError as err:
                 log.warning("could not deregister %s: %s", self.member_id, err)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

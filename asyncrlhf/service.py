@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import uvicorn
 from fastapi import Header, HTTPException
@@ -97,7 +97,7 @@ class HttpServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self) -> "HttpServer":
+    def start(self) -> HttpServer:
         self.thread.start()
         return self
 

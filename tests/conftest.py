@@ -9,13 +9,13 @@ Redis start their own `EmbeddedRedis` instead.
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator["EmbeddedRedis"]:  # noqa: F821
+def redis_server() -> Iterator[EmbeddedRedis]:  # noqa: F821
     from asyncrlhf.redis_server import EmbeddedRedis
 
     with EmbeddedRedis() as server:

@@ -13,9 +13,9 @@ from asyncrlhf.algorithms.logprobs import sequence_logprobs, token_logprobs
 from asyncrlhf.algorithms.masking import masked_mean, masked_sum, masked_var, token_mean
 from asyncrlhf.algorithms.offpolicy import (
     ImportanceKind,
+    StalenessDecision,
     decoupled_ppo_loss,
     importance_weights,
-    StalenessDecision,
     staleness_decision,
 )
 from asyncrlhf.algorithms.ppo import clipped_surrogate, gae, ppo_policy_loss, ppo_value_loss, whiten

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 BENCHMARKS = ("transport", "generator", "pipeline", "load")
 

@@ -16,9 +16,9 @@ import argparse
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from asyncrlhf.config import load_config
 from asyncrlhf.launcher import Service, plan

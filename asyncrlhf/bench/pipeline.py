@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config

@@ -21,8 +21,8 @@ import multiprocessing
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Sequence
 
 import grpc
 import redis

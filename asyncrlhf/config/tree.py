@@ -62,9 +62,6 @@ class Config(Section):
         data["run"].pop("token", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
-    def key(self, stream: str) -> str:
-        """Redis key of a stream or record of this run."""
-        return f"asyncrlhf:{self.run.name}:{stream}"
 
 
 def _without_password(url: str) -> str:

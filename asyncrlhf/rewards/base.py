@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -41,7 +42,7 @@ class ScoreResult:
     components: dict[str, list[float]] = field(default_factory=dict)
     truncated: int = 0
 
-    def check(self, n: int, who: str) -> "ScoreResult":
+    def check(self, n: int, who: str) -> ScoreResult:
         """Raise ScorerError unless every list has `n` finite floats."""
         for name, values in {"scores": self.scores, **self.components}.items():
             if len(values) != n:

@@ -9,7 +9,7 @@ truncated input is counted in `ScoreResult.truncated` (the service exports it as
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

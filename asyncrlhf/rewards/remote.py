@@ -12,7 +12,7 @@ answers and malformed bodies fail at once, since repeating the request cannot fi
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import httpx
 

@@ -19,8 +19,9 @@ import importlib.util
 import inspect
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from asyncrlhf.rewards.base import ScorerConfigError, ScorerError, ScoreResult
 

@@ -6,8 +6,9 @@ generation batches and weight swaps with a `services.generator.gate.BackendGate`
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
@@ -53,7 +54,7 @@ class Backend(WeightTarget, Protocol):
         adapter tensors in a LoRA run; names as in the learner's (PEFT-wrapped) model."""
 
 
-def create_backend(cfg: Config, tokenizer: "PreTrainedTokenizerBase") -> Backend:
+def create_backend(cfg: Config, tokenizer: PreTrainedTokenizerBase) -> Backend:
     """The backend `generator.backend` names, loaded with the run's model (and LoRA wrapping)."""
     if cfg.generator.backend == "vllm":
         from asyncrlhf.sampling.vllm import VLLMBackend

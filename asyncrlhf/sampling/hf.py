@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -147,7 +147,7 @@ class HFBackend:
         self._merged = True
 
     @classmethod
-    def from_config(cls, cfg: Config, tokenizer) -> "HFBackend":
+    def from_config(cls, cfg: Config, tokenizer) -> HFBackend:
         set_threads(cfg.generator.threads)
         torch.manual_seed(cfg.run.seed)
         device = resolve_device(cfg.generator.device)

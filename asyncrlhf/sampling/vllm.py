@@ -21,8 +21,9 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -118,7 +119,7 @@ class VLLMBackend:
         self._lora_request: Any = None
 
     @classmethod
-    def from_config(cls, cfg: Config, tokenizer=None) -> "VLLMBackend":
+    def from_config(cls, cfg: Config, tokenizer=None) -> VLLMBackend:
         vllm = import_vllm()
         g, lora = cfg.generator, cfg.learner.lora
         model_dir = model_dir_for_vllm(cfg.model)

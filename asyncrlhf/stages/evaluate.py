@@ -16,10 +16,10 @@ from pathlib import Path
 
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_tokenizer, set_threads
+from asyncrlhf.sampling.offline import Generation
 from asyncrlhf.stages.common import read_jsonl, run_stage
 from asyncrlhf.stages.evaluation import GoldEvaluation
 from asyncrlhf.stages.generate import load_for_eval
-from asyncrlhf.sampling.offline import Generation
 
 log = logging.getLogger("asyncrlhf.eval")
 

@@ -22,8 +22,8 @@ from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config
 from asyncrlhf.models import encode_prompts, load_policy
 from asyncrlhf.rewards import Item, build_reward
-from asyncrlhf.stages.common import StageError, read_jsonl, read_records, take, write_jsonl
 from asyncrlhf.sampling.offline import Generation, PolicySampler, completion_token_logprobs, sampling_for
+from asyncrlhf.stages.common import StageError, read_jsonl, read_records, take, write_jsonl
 from asyncrlhf.tasks import load_task
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from asyncrlhf.config import ConfigError
 from asyncrlhf.service import load_service_config

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from asyncrlhf.config import Config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.rewards import Item
-from asyncrlhf.stages.common import log_stage, read_records, run_path, run_stage, take, write_jsonl
 from asyncrlhf.sampling.offline import PolicySampler
+from asyncrlhf.stages.common import log_stage, read_records, run_path, run_stage, take, write_jsonl
 from asyncrlhf.stages.sft import gold_scorer
 from asyncrlhf.tasks import load_task
 

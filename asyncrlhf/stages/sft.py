@@ -21,6 +21,7 @@ from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config
 from asyncrlhf.models import encode_prompts, is_lora, load_policy, load_tokenizer, wrap_lora
 from asyncrlhf.rewards import Item, build_reward
+from asyncrlhf.sampling.offline import PolicySampler
 from asyncrlhf.stages.common import (
     StageError,
     log_stage,
@@ -30,9 +31,8 @@ from asyncrlhf.stages.common import (
     take,
     write_jsonl,
 )
-from asyncrlhf.sampling.offline import PolicySampler
-from asyncrlhf.training.supervised import make_engine, right_pad, step_batches, steps_per_run, train_step
 from asyncrlhf.tasks import load_task
+from asyncrlhf.training.supervised import make_engine, right_pad, step_batches, steps_per_run, train_step
 
 log = logging.getLogger("asyncrlhf.sft")
 DATA_FILE = "sft_data.jsonl"

@@ -12,8 +12,8 @@ tokens (as generation does with left padding). `mask` is 1 on real completion to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Sequence
 
 import torch
 
@@ -73,18 +73,18 @@ class SequenceBatch:
         """(B, T) completion token ids."""
         return self.input_ids[:, -self.completion_width :]
 
-    def rows(self, index: torch.Tensor | Sequence[int]) -> "SequenceBatch":
+    def rows(self, index: torch.Tensor | Sequence[int]) -> SequenceBatch:
         """The sub-batch of rows `index` (every tensor and extra indexed along dim 0)."""
         index = torch.as_tensor(index, dtype=torch.long)
         picked = {f.name: getattr(self, f.name).index_select(0, index) for f in fields(self) if f.name != "extras"}
         extras = {k: v.index_select(0, index) for k, v in self.extras.items()}
         return SequenceBatch(**picked, extras=extras)
 
-    def to(self, device: torch.device) -> "SequenceBatch":
+    def to(self, device: torch.device) -> SequenceBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "extras"}
         return SequenceBatch(**moved, extras={k: v.to(device) for k, v in self.extras.items()})
 
-    def with_extras(self, **extras: torch.Tensor) -> "SequenceBatch":
+    def with_extras(self, **extras: torch.Tensor) -> SequenceBatch:
         return replace(self, extras={**self.extras, **extras})
 
     def scores_by_group(self) -> torch.Tensor:

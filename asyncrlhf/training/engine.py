@@ -11,8 +11,8 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import torch
 from torch import nn

@@ -33,7 +33,7 @@ class Correction:
     cap: float
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Correction":
+    def from_config(cls, cfg: Config) -> Correction:
         lc = cfg.learner
         return cls("mis" if lc.stale_policy == "decoupled" else "tis", lc.tis_cap)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

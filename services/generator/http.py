@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -13,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.metrics import make_app
 from asyncrlhf.models import encode_prompts
-from asyncrlhf.service import token_dependency
 from asyncrlhf.sampling import Backend
+from asyncrlhf.service import token_dependency
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 

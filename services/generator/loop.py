@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from itertools import groupby
-from typing import Callable, Sequence
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import Config

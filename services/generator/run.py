@@ -53,7 +53,7 @@ class GeneratorService:
         self.heartbeat: Heartbeat | None = None
         self.http: HttpServer | None = None
 
-    def start(self) -> "GeneratorService":
+    def start(self) -> GeneratorService:
         """Serve WeightSync, register in the registry (version 0 until the first push), serve HTTP."""
         check_bind(self.cfg.generator.http_host, self.cfg, "the generator's HTTP server")
         self.weight_sync = start_weight_sync(self.cfg, self.swap)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
-from asyncrlhf.streams import PromptCredits, Producer
+from asyncrlhf.streams import Producer, PromptCredits
 
 _GROUP_ID = re.compile(r"g(\d{8,})")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from asyncrlhf.service import run_service
 from services.reward.loop import serve

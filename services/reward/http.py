@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Callable, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis
 

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,7 +53,7 @@ class Proc:
     http_port: int
     popen: subprocess.Popen | None = None
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),

@@ -8,8 +8,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 import redis
 import torch

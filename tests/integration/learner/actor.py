@@ -50,7 +50,7 @@ class Actor:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Actor":
+    def start(self) -> Actor:
         self.thread.start()
         return self
 

@@ -10,10 +10,10 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from asyncrlhf.training import engine
-from services.learner.loop import Learner
-from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.batch import TrainGroup
+from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.trainer import Trainer
+from services.learner.loop import Learner
 from tests.integration.learner.actor import Actor, scored_group
 
 pytestmark = pytest.mark.integration

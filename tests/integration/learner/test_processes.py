@@ -14,12 +14,12 @@ from safetensors.torch import load_file
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
+from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.checkpoint import HF, latest_version, read_state, step_dir
 from asyncrlhf.training.objectives import make_objective
-from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.actor import Actor, scored_group
-from tests.integration.learner.test_loop import consumed, learner_config
+from tests.integration.learner.test_loop import consumed
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

@@ -28,10 +28,6 @@ def test_token_comes_from_env_and_never_enters_the_hash(monkeypatch):
     assert load_config().hash() == with_token.hash()
 
 
-def test_keys_are_namespaced_by_run():
-    assert load_config([], ["run.name=exp1"]).key("prompts") == "asyncrlhf:exp1:prompts"
-
-
 def test_to_yaml_leaves_out_the_token_and_redis_passwords():
     cfg = load_config([], ["run.token=tok-s3cret", "redis.password=pw-s3cret",
                            "redis.url=redis://user:url-s3cret@redis.example:6380/2"])

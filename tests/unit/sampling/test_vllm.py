@@ -9,7 +9,10 @@ import torch
 from asyncrlhf.config import LoraConfig, load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.vllm import (
-    import_vllm, model_dir_for_vllm, peft_adapter_names, weight_skeleton,
+    import_vllm,
+    model_dir_for_vllm,
+    peft_adapter_names,
+    weight_skeleton,
 )
 from asyncrlhf.weights.codec import adapter_tensors
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict

@@ -1,7 +1,12 @@
 import pytest
-import torch
 
-from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_LENGTH, FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf._proto.rollout_pb2 import (
+    FINISH_REASON_LENGTH,
+    FINISH_REASON_STOP,
+    PromptGroup,
+    RolloutGroup,
+    Sample,
+)
 from asyncrlhf.algorithms import StalenessDecision
 from asyncrlhf.training.batch import TrainGroup, build_batch
 
