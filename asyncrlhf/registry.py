@@ -60,7 +60,7 @@ class Registry:
         for member_id in ids:
             pipe.hgetall(self.member_key(member_id))
         members, gone = [], []
-        for member_id, fields in zip(ids, pipe.execute()):
+        for member_id, fields in zip(ids, pipe.execute(), strict=True):
             if not fields:
                 gone.append(member_id)
                 continue

@@ -152,7 +152,7 @@ def write_plots(
     }
     paths = {}
     fig, axes = _figure(len(views), 3)
-    for ax, draw in zip(axes, views.values()):
+    for ax, draw in zip(axes, views.values(), strict=True):
         draw(ax)
     paths["overview"] = out_dir / "overview.png"
     fig.savefig(paths["overview"], dpi=90)

@@ -81,7 +81,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
-        xs, ys = zip(*run["gold_curve"])
+        xs, ys = zip(*run["gold_curve"], strict=True)
         ax.plot(xs, ys, marker="o", label=f"{run['name']} ({run['s_per_step']:.1f} s/step)")
     ax.set_xlabel("wall-clock (s)")
     ax.set_ylabel("held-out gold reward")

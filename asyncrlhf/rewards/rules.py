@@ -101,7 +101,7 @@ def exact_match(
     extractor = _compile(extract) if extract else None
     norm = (lambda s: s.strip()) if case_sensitive else (lambda s: s.strip().lower())
     out = []
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         reference = (labels[i] if labels else None) or (answers or {}).get(prompt) or answer
         if extractor is not None:
             found = extractor.search(completion)

@@ -130,7 +130,7 @@ class GoldEvaluation:
                 self.tokenizer(r["completion"], add_special_tokens=False)["input_ids"] + eos,
                 "stop",
             )
-            for r, ids in zip(rows, prompt_ids)
+            for r, ids in zip(rows, prompt_ids, strict=True)
         ]
 
     def _policy_references(self) -> list[Generation]:

@@ -36,7 +36,7 @@ def broadcast_groups(groups: list[TrainGroup] | None, rank: int, world: int) -> 
         else torch.zeros(sum(lengths), dtype=torch.uint8)
     dist.broadcast(payload, 0)
     raw, out, offset = payload.numpy().tobytes(), [], 0
-    for n, age, action in zip(lengths, staleness, actions):
+    for n, age, action in zip(lengths, staleness, actions, strict=True):
         message = RolloutGroup()
         message.ParseFromString(raw[offset : offset + n])
         out.append(TrainGroup(message, StalenessDecision(age, _ACTIONS[action])))

@@ -53,7 +53,7 @@ class StepBatch:
     decisions: list[StalenessDecision] = field(default_factory=list)
 
     def groups(self) -> list[TrainGroup]:
-        return [TrainGroup(d.message, s) for d, s in zip(self.deliveries, self.decisions)]
+        return [TrainGroup(d.message, s) for d, s in zip(self.deliveries, self.decisions, strict=True)]
 
     def sorted(self) -> StepBatch:
         """In group-id order, so a step's batch does not depend on arrival order."""

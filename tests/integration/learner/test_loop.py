@@ -59,7 +59,7 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
         groups = [TrainGroup(scored_group(actor.prompts[gid], step)) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)
     # Bit-exact: both paths run the same kernels on the same tensors in the same order on CPU in fp32.
-    for (name, a), (_, b) in zip(learner.policy.module.state_dict().items(), policy.module.state_dict().items()):
+    for (name, a), (_, b) in zip(learner.policy.module.state_dict().items(), policy.module.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 
