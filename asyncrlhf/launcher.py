@@ -98,7 +98,8 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
                 module = ["-m", "torch.distributed.run", "--standalone",
                           f"--nproc_per_node={cfg.launch.learner_procs}", "-m", "services.learner"]
             name = f"{kind}-{i}" if replicas > 1 or kind in ("generator", "reward") else kind
-            services.append(Service(name, kind, [sys.executable, *module, *args], env, logs / f"{name}.log", port))
+            command = [sys.executable, *module, *args]
+            services.append(Service(name, kind, command, env, logs / f"{name}.log", port))
     return services
 
 
@@ -153,7 +154,6 @@ class Progress:
             self.live.start()
 
     def update(self, snap: Snapshot) -> None:
-        v = snap.values
         now = time.monotonic()
         rows = self.rows(snap)
         if self.live is not None:
@@ -216,8 +216,8 @@ class Launcher:
         url = self._redis_url()
         self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
-        print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), Redis {url}",
-              flush=True)
+        print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), "
+              f"Redis {url}", flush=True)
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
@@ -298,8 +298,8 @@ class Launcher:
 
     def _report_crash(self, svc: Service, code: int) -> None:
         self.failed = svc
-        print(f"asyncrlhf up: {svc.name} exited with code {code}; the run stops. Last lines of {svc.log_path}:\n"
-              f"{svc.tail()}", file=sys.stderr, flush=True)
+        print(f"asyncrlhf up: {svc.name} exited with code {code}; the run stops. "
+              f"Last lines of {svc.log_path}:\n{svc.tail()}", file=sys.stderr, flush=True)
 
     def _on_signal(self, signum, _frame) -> None:
         if self.stopping:
@@ -339,7 +339,9 @@ class Launcher:
             "metrics_answered": self.answered,
             "final_metrics": self.last_metrics,
             "failed": self.failed.name if self.failed else None,
-            "services": {s.name: {"log": str(s.log_path), "url": s.url, "restarts": s.restarts} for s in self.services},
+            "services": {
+                s.name: {"log": str(s.log_path), "url": s.url, "restarts": s.restarts} for s in self.services
+            },
         }
         (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
 

@@ -92,7 +92,9 @@ def resolve_model_dir(cfg: ModelConfig) -> Path | None:
             f"model `{name}` is not a local path and hub downloads are off; use a local directory or .gguf, "
             f"one of: {known}; or set `model.allow_hub=true` on a machine with network access"
         )
-    raise ModelLoadError(f"model path {path} does not exist; use a local HF directory, a .gguf file, or one of: {known}")
+    raise ModelLoadError(
+        f"model path {path} does not exist; use a local HF directory, a .gguf file, or one of: {known}"
+    )
 
 
 def _looks_like_hub_name(name: str) -> bool:
@@ -125,7 +127,9 @@ def _cached_from_gguf(gguf: Path, cache_dir: str) -> Path:
     log.info("converting %s to safetensors in %s (once)", gguf, target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32
+        )
     except Exception as err:  # transformers raises many kinds here; say which file and why
         raise ModelLoadError(f"could not read GGUF {gguf}: {err}") from err
     # The tensors are already de-quantized to fp32; drop the GGUF marker so transformers saves them plainly.
@@ -236,7 +240,9 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_policy(model: ModelConfig | str, *, lora: LoraConfig | None = None, device: str = "cpu") -> nn.Module:
+def load_policy(
+    model: ModelConfig | str, *, lora: LoraConfig | None = None, device: str = "cpu"
+) -> nn.Module:
     """The causal LM to train or sample from; wrapped with LoRA adapters when `lora.enabled`."""
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
@@ -257,7 +263,8 @@ def load_policy(model: ModelConfig | str, *, lora: LoraConfig | None = None, dev
 
 
 def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> nn.Module:
-    """A sequence-classification model with one output (reward or value), from a causal LM or an RM checkpoint.
+    """A sequence-classification model with one output (reward or value), from a causal LM or an RM
+    checkpoint.
 
     From a causal LM the backbone is reused and the 1-output `score` head starts random (seeded).
     """
@@ -277,7 +284,9 @@ def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> nn.Mod
                 directory, num_labels=1, torch_dtype=_dtype(cfg.dtype)
             )
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"could not load a sequence-classification model from {directory}: {err}") from err
+        raise ModelLoadError(
+            f"could not load a sequence-classification model from {directory}: {err}"
+        ) from err
     if scorer.config.pad_token_id is None:
         scorer.config.pad_token_id = load_tokenizer(cfg).pad_token_id
     return scorer.to(resolve_device(device))
@@ -287,7 +296,8 @@ def per_token_scores(scorer: nn.Module, input_ids: torch.Tensor, attention_mask:
                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) outputs of a 1-output sequence-classification head at every position (PPO values)."""
     backbone = getattr(scorer, scorer.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    outputs = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    hidden = outputs.last_hidden_state
     return scorer.score(hidden).squeeze(-1)
 
 
@@ -305,7 +315,9 @@ def wrap_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     try:
         return get_peft_model(model, peft_cfg)
     except ValueError as err:
-        raise ModelLoadError(f"LoRA target modules {lora.target_modules} do not fit this model: {err}") from err
+        raise ModelLoadError(
+            f"LoRA target modules {lora.target_modules} do not fit this model: {err}"
+        ) from err
 
 
 def is_lora(model: nn.Module) -> bool:

@@ -235,7 +235,8 @@ def write_report(run_dir: Path) -> Path:
         "## Samples",
         "",
         (
-            f"Groups trained {outcomes.get('trained', 0)}, dropped as too stale {outcomes.get('dropped', 0)}, "
+            f"Groups trained {outcomes.get('trained', 0)}, "
+            f"dropped as too stale {outcomes.get('dropped', 0)}, "
             f"dead-lettered {outcomes.get('dead_lettered', 0)}; mean staleness of trained groups "
             f"{_fmt(mean_staleness, 2)} versions."
         ),

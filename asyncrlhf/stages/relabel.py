@@ -38,7 +38,10 @@ def sampled_pairs(cfg: Config) -> list[dict]:
         2,
         cfg.generator.sampling,
     )
-    return [{"prompt": p, "a": g[0].completion, "b": g[1].completion} for p, g in zip(prompts, samples, strict=True)]
+    return [
+        {"prompt": p, "a": g[0].completion, "b": g[1].completion}
+        for p, g in zip(prompts, samples, strict=True)
+    ]
 
 
 def relabel(pairs: Sequence[dict], gold, first: str, second: str) -> tuple[list[dict], dict]:

@@ -100,7 +100,8 @@ def initialize(model: nn.Module, cfg: LearnerConfig, lr: float | None = None):
     optimizer = make_optimizer(model, cfg, lr)
     scheduler = make_scheduler(optimizer, cfg)
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, cfg.total_steps)
+        model=model, optimizer=optimizer, lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, cfg.total_steps),
     )
     return engine
 

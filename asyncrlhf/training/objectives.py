@@ -63,7 +63,9 @@ class Objective(Protocol):
 
     def prepare(self, rows: SequenceBatch) -> SequenceBatch: ...
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut: ...
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut: ...
 
 
 def _behaviour_for_correction(rows: SequenceBatch) -> torch.Tensor:
@@ -121,7 +123,9 @@ class OnlineDPO:
     def prepare(self, rows: SequenceBatch) -> SequenceBatch:
         return rows
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         seq = A.sequence_logprobs(logps, micro.mask)
         ref = A.sequence_logprobs(micro.extras["ref_logps"], micro.mask)
         loss, chosen_r, rejected_r = A.dpo_loss(
@@ -166,7 +170,9 @@ class BestOfN:
     def prepare(self, rows: SequenceBatch) -> SequenceBatch:
         return rows
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         weights = torch.ones_like(logps)
         if micro.corrected.any():
             weights = A.importance_weights(micro.extras["old_logps"], _behaviour_for_correction(micro), "tis",
@@ -209,7 +215,9 @@ class PolicyGradient(_KLMixin):
         self.observe_kl(float(kl.sum(dim=1).mean()), len(rows))
         return rows.with_extras(advantages=advantages, reward_kl=kl.sum(dim=1))
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         loss, stats = A.decoupled_ppo_loss(
             logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
             micro.mask, self.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
@@ -254,11 +262,13 @@ class PPO(_KLMixin):
         self.observe_kl(float(kl.sum(dim=1).mean()), len(rows))
         return rows.with_extras(advantages=advantages, returns=returns, reward_kl=kl.sum(dim=1))
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         policy_loss, stats = A.decoupled_ppo_loss(
             logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
-            micro.mask, self.ppo.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
-            denominator=totals.tokens,
+            micro.mask, self.ppo.clip_eps, weight_kind=self.correction.token_kind,
+            weight_cap=self.correction.cap, denominator=totals.tokens,
         )
         policy_loss = policy_loss + self._kl_loss_term(micro, logps, totals)
         value_loss = A.ppo_value_loss(

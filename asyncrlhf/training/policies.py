@@ -43,6 +43,8 @@ def value_source(cfg: Config) -> ModelConfig | str:
     if isinstance(lc, PPOLearnerConfig) and lc.ppo.value_init == "reward_model":
         paths = [s.path for s in cfg.reward.scorers if s.kind == "model" and s.path]
         if not paths:
-            raise ValueError("learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path")
+            raise ValueError(
+                "learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path"
+            )
         return paths[0]
     return cfg.model

@@ -124,8 +124,8 @@ class Evaluator:
                 raise
             # The learner prunes old checkpoints (learner.keep_checkpoints); one can vanish before or while
             # it loads when evaluation falls behind training.
-            log.warning("checkpoint %s (version %d) is gone (pruned? raise learner.keep_checkpoints); skipped",
-                        path, version)
+            log.warning("checkpoint %s (version %d) is gone (pruned? raise learner.keep_checkpoints); "
+                        "skipped", path, version)
             self.metrics.skipped.labels("missing").inc()
             return
         generations = evaluation.generate(policy, version)

@@ -146,7 +146,8 @@ class Learner:
             self.state.finished = self.schedule.finished
             controller = getattr(self.objective, "kl_controller", None)
             self.state.kl_coef = controller.value if controller else None
-        path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state, self.rank)
+        path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state,
+                               self.rank)
         if self.rank == 0:
             self._emit(EVENT_KIND_CHECKPOINT_SAVED, checkpoint_path=str(path.resolve()))
             log.info("checkpoint %s", path)

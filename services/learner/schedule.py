@@ -84,7 +84,9 @@ class Schedule:
     def finished(self) -> int:
         return int(self.client.get(self._finished_key) or 0)
 
-    def collect(self, version: int, stop: threading.Event, while_waiting: Callable[[], None]) -> StepBatch | None:
+    def collect(
+        self, version: int, stop: threading.Event, while_waiting: Callable[[], None]
+    ) -> StepBatch | None:
         """Read scored groups until a step's worth is admitted; enqueue prompts and call `while_waiting`
         (late generators) between reads. None when stopped or the prompt set is exhausted."""
         lc = self.cfg.learner
@@ -150,7 +152,8 @@ class Schedule:
             return
         streams = {spec.name for spec, _ in FLOW}
         lost = [d.identity for d in entries
-                if d.stream in streams and d.identity not in self.consumed.ids and self.feed.enqueued(d.identity)]
+                if d.stream in streams and d.identity not in self.consumed.ids
+                and self.feed.enqueued(d.identity)]
         lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) finishes once
         if lost:
             self.consumed.append("dead_lettered", version, lost)

@@ -46,7 +46,8 @@ class WeightPublisher:
         behind = [
             PushTarget(m.id, m.address) for m in self.registry.live()
             if m.version < self.version
-            and (self._pushed.get(m.id, (0, 0.0))[0] < self.version or now - self._pushed[m.id][1] > retry_after)
+            and (self._pushed.get(m.id, (0, 0.0))[0] < self.version
+                 or now - self._pushed[m.id][1] > retry_after)
         ]
         if behind:
             self._push(behind)

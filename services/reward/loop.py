@@ -103,7 +103,8 @@ class RewardLoop:
             pairs = [self._score_alone(g, first) for g in groups]
             return [out for out, _ in pairs], [error for _, error in pairs]
         offsets = itertools.accumulate([len(g.samples) for g in groups[:-1]], initial=0)
-        return [scored(g, result, o, self.scorer_id) for g, o in zip(groups, offsets, strict=True)], [None] * len(groups)
+        outputs = [scored(g, result, o, self.scorer_id) for g, o in zip(groups, offsets, strict=True)]
+        return outputs, [None] * len(groups)
 
     def _score_alone(
         self, group: RolloutGroup, first_error: str | None

@@ -129,7 +129,8 @@ def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
     sampling = SamplingConfig(temperature=0.8, max_new_tokens=8)
     generator = torch.Generator().manual_seed(3)
     for version in (1, 2):
-        pushed = {n: 0.3 * torch.randn(t.shape, generator=generator) for n, t in backend.named_tensors().items()}
+        pushed = {n: 0.3 * torch.randn(t.shape, generator=generator)
+                  for n, t in backend.named_tensors().items()}
         backend.apply_weights(pushed, version=version)
         reference.load_state_dict(pushed, strict=False)
         assert any(not torch.equal(base_weights()[n], pristine[n]) for n in pristine)  # merged in
@@ -139,6 +140,7 @@ def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
                 with torch.no_grad():
                     logits = reference(input_ids=full).logits[0, len(prompt) - 1:-1].float()
                 expected = torch.log_softmax(logits / 0.8, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
-                torch.testing.assert_close(torch.tensor(c.logprobs), expected[:, 0], atol=LOGPROB_ATOL, rtol=0)
+                torch.testing.assert_close(torch.tensor(c.logprobs), expected[:, 0], atol=LOGPROB_ATOL,
+                                           rtol=0)
     backend.apply_weights({n: torch.zeros_like(t) for n, t in backend.named_tensors().items()}, version=3)
     assert all(torch.equal(base_weights()[n], pristine[n]) for n in pristine)
