@@ -70,7 +70,7 @@ def relabel(pairs: Sequence[dict], gold, first: str, second: str) -> tuple[list[
                 "rejected_score": lo[1],
             }
         )
-    summary = {"pairs": len(out), "ties_dropped": ties}
+    summary: dict[str, float | None] = {"pairs": len(out), "ties_dropped": ties}
     if first == "chosen":
         summary["agreement"] = agree / len(out) if out else None
     return out, summary

@@ -14,6 +14,7 @@ truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL); every o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -271,6 +272,8 @@ class PPO(_KLMixin):
             weight_cap=self.correction.cap, denominator=totals.tokens,
         )
         policy_loss = policy_loss + self._kl_loss_term(micro, logps, totals)
+        if values is None:
+            raise ValueError("PPO's loss needs the value model's values (needs_values is set)")
         value_loss = A.ppo_value_loss(
             values, micro.extras["old_values"], micro.extras["returns"], micro.mask, self.ppo.value_clip_eps,
             denominator=totals.tokens,
@@ -280,7 +283,7 @@ class PPO(_KLMixin):
         return LossOut(policy_loss, self.ppo.vf_coef * value_loss, stats)
 
 
-OBJECTIVES = {
+OBJECTIVES: dict[str, Callable[[Config], Objective]] = {
     "online_dpo": OnlineDPO,
     "best_of_n": BestOfN,
     "rloo": PolicyGradient,

@@ -8,18 +8,22 @@ full fine-tune keeps a frozen copy on the policy's device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from asyncrlhf.config import Config, ModelConfig, PPOLearnerConfig
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import Objective
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
 
 @dataclass
 class LearnerModels:
-    policy: object  # DeepSpeed engine of the policy
+    policy: DeepSpeedEngine
     reference: ReferencePolicy | None
-    value: object | None  # DeepSpeed engine of the value model (PPO), or None
+    value: DeepSpeedEngine | None  # the value model (PPO), or None
 
 
 def build_models(cfg: Config, objective: Objective) -> LearnerModels:
@@ -29,7 +33,7 @@ def build_models(cfg: Config, objective: Objective) -> LearnerModels:
     policy_engine = engine.initialize(policy, lc)
     reference = None
     if objective.needs_reference:
-        base = policy_engine.module if lc.lora.enabled else frozen_base.to(policy_engine.device)
+        base = policy_engine.module if frozen_base is None else frozen_base.to(policy_engine.device)
         reference = ReferencePolicy(base)
     value_engine = None
     if objective.needs_values:

@@ -7,9 +7,10 @@ import torch
 
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.algorithms import StalenessDecision
+from asyncrlhf.algorithms.offpolicy import StaleAction
 from asyncrlhf.training.batch import TrainGroup
 
-_ACTIONS = ("fresh", "keep", "correct", "drop")
+_ACTIONS: tuple[StaleAction, ...] = ("fresh", "keep", "correct", "drop")
 
 
 def broadcast_groups(groups: list[TrainGroup] | None, rank: int, world: int) -> list[TrainGroup] | None:

@@ -147,7 +147,8 @@ class Schedule:
     def _reap_dead_letters(self, version: int) -> None:
         """Dead-lettered groups of this run will never arrive: count them finished and free their credits."""
         cursor = self.client.get(self._dlq_cursor_key)
-        entries = self.streams.dead_letters(count=1000, after=cursor)
+        # redis-py's stub says bytes | str; without decode_responses GET returns bytes
+        entries = self.streams.dead_letters(count=1000, after=cursor)  # type: ignore[arg-type]
         if not entries:
             return
         streams = {spec.name for spec, _ in FLOW}
