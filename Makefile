@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test proto install clean
+.PHONY: demo test lint proto install clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Style and types, as configured in pyproject.toml; CI (.ci/run) runs it before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check asyncrlhf services tests
+	$(VENV)/bin/mypy asyncrlhf services
 
 proto: $(STAMP)
 	$(PY) -m asyncrlhf.protogen

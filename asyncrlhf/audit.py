@@ -150,7 +150,7 @@ def account(
 
 def _enqueued(gid: str, enqueued: int) -> bool:
     match = GROUP_ID.match(gid)
-    return bool(match) and int(match.group(1)) < enqueued
+    return match is not None and int(match.group(1)) < enqueued
 
 
 def _short(reason: str) -> str:

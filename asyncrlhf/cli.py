@@ -11,7 +11,9 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "config": ("asyncrlhf.config_cli", "Show the resolved config: `asyncrlhf config show CONFIG [overrides]`."),
+    "config": (
+        "asyncrlhf.config_cli", "Show the resolved config: `asyncrlhf config show CONFIG [overrides]`."
+    ),
     "up": ("asyncrlhf.launcher", "Start Redis and every service locally, with live progress."),
     "generator": ("services.generator.__main__", "Run a generator (HF or vLLM backend, WeightSync server)."),
     "reward": ("services.reward.__main__", "Run a reward scorer replica."),
@@ -22,9 +24,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "relabel": ("asyncrlhf.stages.relabel", "Relabel preference pairs with the gold reward."),
     "generate": ("asyncrlhf.stages.generate", "Generate held-out completions from checkpoints."),
     "eval": ("asyncrlhf.stages.evaluate", "Score generations with the gold reward."),
-    "pipeline": ("asyncrlhf.stages.pipeline", "The seed's workflow: SFT -> relabel -> train-rm -> up -> report."),
+    "pipeline": (
+        "asyncrlhf.stages.pipeline", "The seed's workflow: SFT -> relabel -> train-rm -> up -> report."
+    ),
     "report": ("asyncrlhf.report", "Write report.md and plots for a run directory."),
-    "audit": ("asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."),
+    "audit": (
+        "asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."
+    ),
     "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline, load."),
 }
 

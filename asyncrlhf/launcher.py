@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
-from asyncrlhf.redis_server import free_port
+from asyncrlhf.redis_server import EmbeddedRedis, free_port
 
 STOP_GRACE_S = 30.0
 
@@ -47,6 +47,18 @@ class Service:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the process runs."""
+        return self._started().poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._started().wait(timeout)
+
+    def _started(self) -> subprocess.Popen:
+        if self.proc is None:
+            raise RuntimeError(f"service {self.name} was never started")
+        return self.proc
 
     @property
     def url(self) -> str:
@@ -98,7 +110,8 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
                 module = ["-m", "torch.distributed.run", "--standalone",
                           f"--nproc_per_node={cfg.launch.learner_procs}", "-m", "services.learner"]
             name = f"{kind}-{i}" if replicas > 1 or kind in ("generator", "reward") else kind
-            services.append(Service(name, kind, [sys.executable, *module, *args], env, logs / f"{name}.log", port))
+            command = [sys.executable, *module, *args]
+            services.append(Service(name, kind, command, env, logs / f"{name}.log", port))
     return services
 
 
@@ -153,7 +166,6 @@ class Progress:
             self.live.start()
 
     def update(self, snap: Snapshot) -> None:
-        v = snap.values
         now = time.monotonic()
         rows = self.rows(snap)
         if self.live is not None:
@@ -199,7 +211,7 @@ class Progress:
 class Launcher:
     def __init__(self, cfg: Config, files: Sequence[str], overrides: Sequence[str]):
         self.cfg, self.files, self.overrides = cfg, list(files), list(overrides)
-        self.redis = None
+        self.redis: EmbeddedRedis | None = None
         self.services: list[Service] = []
         self.stopping = False
         self.failed: Service | None = None
@@ -216,8 +228,8 @@ class Launcher:
         url = self._redis_url()
         self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
-        print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), Redis {url}",
-              flush=True)
+        print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), "
+              f"Redis {url}", flush=True)
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
@@ -237,8 +249,6 @@ class Launcher:
     def _redis_url(self) -> str:
         if self.cfg.redis.url:
             return self.cfg.redis.url
-        from asyncrlhf.redis_server import EmbeddedRedis
-
         data_dir = self.cfg.run.path / "redis" if self.cfg.redis.persist else None
         self.redis = EmbeddedRedis(data_dir=data_dir).start()
         return self.redis.url
@@ -260,7 +270,7 @@ class Launcher:
             if self.stopping:
                 return 130
             for svc in self.services:
-                code = svc.proc.poll()
+                code = svc.poll()
                 if code is None or svc is learner or (code == 0 and svc.kind == "evaluator"):
                     continue
                 if not self._handle_crash(svc, code):
@@ -270,7 +280,7 @@ class Launcher:
                 self.answered[name] = self.answered.get(name, False) or ok
             self.last_metrics.update(snap.per_service)
             progress.update(snap)
-            code = learner.proc.poll()
+            code = learner.poll()
             if code is not None and code != 0:
                 self._report_crash(learner, code)
                 return 1
@@ -282,7 +292,7 @@ class Launcher:
 
     def _evaluator_done(self, since: float) -> bool:
         evaluator = next((s for s in self.services if s.kind == "evaluator"), None)
-        if evaluator is None or evaluator.proc.poll() is not None:
+        if evaluator is None or evaluator.poll() is not None:
             return True
         return time.monotonic() - since > self.cfg.launch.evaluator_grace_s
 
@@ -298,8 +308,8 @@ class Launcher:
 
     def _report_crash(self, svc: Service, code: int) -> None:
         self.failed = svc
-        print(f"asyncrlhf up: {svc.name} exited with code {code}; the run stops. Last lines of {svc.log_path}:\n"
-              f"{svc.tail()}", file=sys.stderr, flush=True)
+        print(f"asyncrlhf up: {svc.name} exited with code {code}; the run stops. "
+              f"Last lines of {svc.log_path}:\n{svc.tail()}", file=sys.stderr, flush=True)
 
     def _on_signal(self, signum, _frame) -> None:
         if self.stopping:
@@ -339,7 +349,9 @@ class Launcher:
             "metrics_answered": self.answered,
             "final_metrics": self.last_metrics,
             "failed": self.failed.name if self.failed else None,
-            "services": {s.name: {"log": str(s.log_path), "url": s.url, "restarts": s.restarts} for s in self.services},
+            "services": {
+                s.name: {"log": str(s.log_path), "url": s.url, "restarts": s.restarts} for s in self.services
+            },
         }
         (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
 

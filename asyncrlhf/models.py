@@ -22,11 +22,20 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from asyncrlhf.config import LoraConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# A causal LM as transformers builds it, or peft's LoRA wrapper of one. Neither library types what callers
+# use: `generate` comes from a mixin that PreTrainedModel does not declare, and peft forwards attributes at
+# run time. So it is Any to mypy; the name says what it holds.
+CausalLM = Any
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +101,9 @@ def resolve_model_dir(cfg: ModelConfig) -> Path | None:
             f"model `{name}` is not a local path and hub downloads are off; use a local directory or .gguf, "
             f"one of: {known}; or set `model.allow_hub=true` on a machine with network access"
         )
-    raise ModelLoadError(f"model path {path} does not exist; use a local HF directory, a .gguf file, or one of: {known}")
+    raise ModelLoadError(
+        f"model path {path} does not exist; use a local HF directory, a .gguf file, or one of: {known}"
+    )
 
 
 def _looks_like_hub_name(name: str) -> bool:
@@ -125,11 +136,13 @@ def _cached_from_gguf(gguf: Path, cache_dir: str) -> Path:
     log.info("converting %s to safetensors in %s (once)", gguf, target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32
+        )
     except Exception as err:  # transformers raises many kinds here; say which file and why
         raise ModelLoadError(f"could not read GGUF {gguf}: {err}") from err
     # The tensors are already de-quantized to fp32; drop the GGUF marker so transformers saves them plainly.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained; transformers' stub omits it
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -236,16 +249,20 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_policy(model: ModelConfig | str, *, lora: LoraConfig | None = None, device: str = "cpu") -> nn.Module:
+def load_policy(
+    model: ModelConfig | str, *, lora: LoraConfig | None = None, device: str = "cpu"
+) -> CausalLM:
     """The causal LM to train or sample from; wrapped with LoRA adapters when `lora.enabled`."""
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     cfg = as_model_config(model)
     directory = resolve_model_dir(cfg)
+    policy: nn.Module
     if directory is None:
         with _seeded(TINY_SEED):
             policy = LlamaForCausalLM(_tiny_llama_config(cfg))
-        policy = policy.to(_dtype(cfg.dtype))
+        # functools.wraps on PreTrainedModel.to hides `self` from mypy (transformers' typing)
+        policy = policy.to(_dtype(cfg.dtype))  # type: ignore[arg-type]
     else:
         try:
             policy = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=_dtype(cfg.dtype))
@@ -256,8 +273,9 @@ def load_policy(model: ModelConfig | str, *, lora: LoraConfig | None = None, dev
     return policy.to(resolve_device(device))
 
 
-def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> nn.Module:
-    """A sequence-classification model with one output (reward or value), from a causal LM or an RM checkpoint.
+def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> PreTrainedModel:
+    """A sequence-classification model with one output (reward or value), from a causal LM or an RM
+    checkpoint.
 
     From a causal LM the backbone is reused and the 1-output `score` head starts random (seeded).
     """
@@ -269,26 +287,30 @@ def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> nn.Mod
         with _seeded(TINY_SEED):
             lm = load_policy(cfg)
             scorer = LlamaForSequenceClassification(_tiny_llama_config(cfg, num_labels=1))
-        scorer.model.load_state_dict(lm.model.state_dict())
-        return scorer.to(_dtype(cfg.dtype)).to(resolve_device(device))
+        scorer.model.load_state_dict(lm.get_submodule("model").state_dict())
+        # functools.wraps on PreTrainedModel.to hides `self` from mypy (transformers' typing)
+        return scorer.to(_dtype(cfg.dtype)).to(resolve_device(device))  # type: ignore[arg-type]
     try:
         with _seeded(TINY_SEED):
             scorer = AutoModelForSequenceClassification.from_pretrained(
                 directory, num_labels=1, torch_dtype=_dtype(cfg.dtype)
             )
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"could not load a sequence-classification model from {directory}: {err}") from err
+        raise ModelLoadError(
+            f"could not load a sequence-classification model from {directory}: {err}"
+        ) from err
     if scorer.config.pad_token_id is None:
         scorer.config.pad_token_id = load_tokenizer(cfg).pad_token_id
     return scorer.to(resolve_device(device))
 
 
-def per_token_scores(scorer: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def per_token_scores(scorer: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) outputs of a 1-output sequence-classification head at every position (PPO values)."""
     backbone = getattr(scorer, scorer.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-    return scorer.score(hidden).squeeze(-1)
+    outputs = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    hidden = outputs.last_hidden_state
+    return scorer.get_submodule("score")(hidden).squeeze(-1)
 
 
 def wrap_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
@@ -305,7 +327,9 @@ def wrap_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     try:
         return get_peft_model(model, peft_cfg)
     except ValueError as err:
-        raise ModelLoadError(f"LoRA target modules {lora.target_modules} do not fit this model: {err}") from err
+        raise ModelLoadError(
+            f"LoRA target modules {lora.target_modules} do not fit this model: {err}"
+        ) from err
 
 
 def is_lora(model: nn.Module) -> bool:

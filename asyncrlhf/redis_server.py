@@ -121,9 +121,10 @@ class EmbeddedRedis:
 
     def kill(self) -> None:
         """SIGKILL the server, as a crash would (tests of recovery)."""
-        if self.running:
-            self.process.kill()
-            self.process.wait()
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()
@@ -153,10 +154,13 @@ class EmbeddedRedis:
         self._finalizer = weakref.finalize(self, _kill, self.process)
 
     def _wait_ready(self) -> None:
+        process = self.process
+        if process is None:
+            raise RuntimeError("redis-server was not spawned; start() spawns it")
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if not self.running:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self._log_tail()}")
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {process.returncode}: {self._log_tail()}")
             try:
                 if self._client().ping():
                     return

@@ -55,12 +55,13 @@ class Registry:
 
     def live(self) -> list[Member]:
         """The live members, sorted by id; expired ones are pruned from the index."""
-        ids = sorted(i.decode() for i in self.client.smembers(self.index_key))
+        # redis-py's stub says bytes | str; without decode_responses SMEMBERS returns bytes
+        ids = sorted(i.decode() for i in self.client.smembers(self.index_key))  # type: ignore[union-attr]
         pipe = self.client.pipeline(transaction=False)
         for member_id in ids:
             pipe.hgetall(self.member_key(member_id))
         members, gone = [], []
-        for member_id, fields in zip(ids, pipe.execute()):
+        for member_id, fields in zip(ids, pipe.execute(), strict=True):
             if not fields:
                 gone.append(member_id)
                 continue

@@ -152,7 +152,7 @@ def write_plots(
     }
     paths = {}
     fig, axes = _figure(len(views), 3)
-    for ax, draw in zip(axes, views.values()):
+    for ax, draw in zip(axes, views.values(), strict=True):
         draw(ax)
     paths["overview"] = out_dir / "overview.png"
     fig.savefig(paths["overview"], dpi=90)
@@ -235,7 +235,8 @@ def write_report(run_dir: Path) -> Path:
         "## Samples",
         "",
         (
-            f"Groups trained {outcomes.get('trained', 0)}, dropped as too stale {outcomes.get('dropped', 0)}, "
+            f"Groups trained {outcomes.get('trained', 0)}, "
+            f"dropped as too stale {outcomes.get('dropped', 0)}, "
             f"dead-lettered {outcomes.get('dead_lettered', 0)}; mean staleness of trained groups "
             f"{_fmt(mean_staleness, 2)} versions."
         ),

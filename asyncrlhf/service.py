@@ -72,7 +72,9 @@ def token_dependency(token: str | None):
         if token is None:
             return
         if authorization != f"Bearer {token}":
-            raise HTTPException(status_code=401, detail="missing or wrong token: send Authorization: Bearer <token>")
+            raise HTTPException(
+                status_code=401, detail="missing or wrong token: send Authorization: Bearer <token>"
+            )
 
     return check
 
@@ -86,7 +88,9 @@ class HttpServer:
         try:
             self.sock.bind((host, port))
         except OSError as err:
-            raise ServiceError(f"cannot listen on {host}:{port}: {err}; pick another port or 0 for a free one") from err
+            raise ServiceError(
+                f"cannot listen on {host}:{port}: {err}; pick another port or 0 for a free one"
+            ) from err
         self.host, self.port = host, self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)

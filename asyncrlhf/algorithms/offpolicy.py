@@ -88,7 +88,9 @@ def decoupled_ppo_loss(
 
 StalePolicy = Literal["drop", "tis", "decoupled", "keep"]
 StaleAction = Literal["fresh", "keep", "correct", "drop"]
-_BEYOND_BOUND: dict[str, StaleAction] = {"drop": "drop", "keep": "keep", "tis": "correct", "decoupled": "correct"}
+_BEYOND_BOUND: dict[str, StaleAction] = {
+    "drop": "drop", "keep": "keep", "tis": "correct", "decoupled": "correct"
+}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.launcher import Service
@@ -79,7 +79,7 @@ class GeneratorProcess:
 
     def check_alive(self, deadline: float, what: str) -> None:
         """Raise, with the service's log, if it exited or `deadline` (monotonic) passed."""
-        code = self.process.proc.poll()
+        code = self.process.poll()
         if code is not None or time.monotonic() > deadline:
             state = f"exited with {code}" if code is not None else "timed out"
             raise RuntimeError(f"the generator service did not {what} ({state}); its log:\n"
@@ -88,10 +88,10 @@ class GeneratorProcess:
     def stop(self) -> None:
         self.process.signal(signal.SIGTERM)
         try:
-            self.process.proc.wait(timeout=30)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.signal(signal.SIGKILL)
-            self.process.proc.wait()
+            self.process.wait()
 
     def _registered(self) -> PushTarget:
         registry = Registry(connect(self.cfg.redis), self.cfg.run.name)
@@ -130,7 +130,8 @@ def _service_batch(service: GeneratorProcess, producer, rollouts, batch: list[li
     """Enqueue the batch whole and wait for its RolloutGroups (read, as the reward service would)."""
     groups = [PromptGroup(group_id=f"bench-{uuid.uuid4().hex}", prompt_token_ids=p, enqueued_at=time.time())
               for p in batch]
-    written, deadline = [], time.monotonic() + BATCH_TIMEOUT_S
+    written: list[RolloutGroup] = []
+    deadline = time.monotonic() + BATCH_TIMEOUT_S
     start = time.perf_counter()
     producer.add_many(groups, atomic=True)
     while len(written) < len(groups):
@@ -155,6 +156,8 @@ def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_
         stack.callback(_delete_run_keys, streams.client, cfg.run.name)
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asyncrlhf-bench-")))
         service = stack.enter_context(GeneratorProcess(cfg, files, overrides, threads, logs / "service.log"))
+        if service.target is None:
+            raise RuntimeError("the generator service did not register")
         with WeightPusher(cfg.run.token) as pusher:
             state = {name: t.detach().cpu().clone() for name, t in backend.named_tensors().items()}
             (outcome,) = pusher.push(state, 1, [service.target])

@@ -90,7 +90,7 @@ def record(
 ) -> Phase:
     end = time.monotonic() + seconds
     while True:
-        dead = [s.name for s in services if s.proc.poll() is not None]
+        dead = [s.name for s in services if s.poll() is not None]
         if dead:
             raise RuntimeError(
                 f"{', '.join(dead)} exited during `{phase.name}`; see {services[0].log_path.parent}"
@@ -164,7 +164,7 @@ def main(argv: Sequence[str]) -> int:
                 svc.signal(signal.SIGCONT)
                 svc.signal(signal.SIGTERM)
             for svc in services:
-                svc.proc.wait(60)
+                svc.wait(60)
 
 
 def _measure(args, cfg, client, services, learner, bound) -> int:

@@ -1,4 +1,5 @@
-"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--json]`: synchronous vs asynchronous RLHF.
+"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--json]`: synchronous vs asynchronous
+RLHF.
 
 Runs the same number of learner steps with `max_staleness` 0 (synchronous: generation waits for training
 and training for generation), 1 and 2, back to back through `asyncrlhf up`, then scores each run's
@@ -23,7 +24,8 @@ STALENESS = (0, 1, 2)
 
 
 def _trained_rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "consumed.jsonl").read_text().splitlines() if line.strip()]
+    lines = (run_dir / "consumed.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
     return [r for r in rows if r["kind"] == "trained"]
 
 
@@ -81,7 +83,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
-        xs, ys = zip(*run["gold_curve"])
+        xs, ys = zip(*run["gold_curve"], strict=True)
         ax.plot(xs, ys, marker="o", label=f"{run['name']} ({run['s_per_step']:.1f} s/step)")
     ax.set_xlabel("wall-clock (s)")
     ax.set_ylabel("held-out gold reward")
@@ -107,7 +109,8 @@ def main(argv: Sequence[str]) -> int:
     sync, async1, async2 = runs
     result = {
         "sync_s_per_step": sync["s_per_step"], "async1_s_per_step": async1["s_per_step"],
-        "async2_s_per_step": async2["s_per_step"], "speedup_async1": sync["s_per_step"] / async1["s_per_step"],
+        "async2_s_per_step": async2["s_per_step"],
+        "speedup_async1": sync["s_per_step"] / async1["s_per_step"],
         "speedup_async2": sync["s_per_step"] / async2["s_per_step"],
         "gold_sync": sync["gold"], "gold_async1": async1["gold"], "gold_async2": async2["gold"],
         "generator_idle": {r["name"]: r["generator_idle_fraction"] for r in runs},

@@ -74,7 +74,8 @@ def bare_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch
                       approximate=True)
         pipe.execute()
         res = client.xreadgroup(group, "r0", {key: ">"}, count=batch)
-        entries = res[0][1]
+        # redis-py's stub gives the RESP3 dict; this RESP2 client returns [[stream, entries]]
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = res[0][1]  # type: ignore[index, assignment]
         for _, fields in entries:
             RolloutGroup.FromString(fields[PAYLOAD_FIELD])
         client.xack(key, group, *[eid for eid, _ in entries])

@@ -60,7 +60,7 @@ def scorer_label(sc: ScorerConfig) -> str:
 
 def build_reward(cfg: RewardConfig) -> CompositeReward:
     """The service's reward: every configured scorer, weighted, plus the missing-EOS penalty."""
-    weighted, seen = [], {}
+    weighted, seen = [], dict[str, int]()
     for sc in cfg.scorers:
         base = scorer_label(sc)
         seen[base] = seen.get(base, 0) + 1

@@ -40,7 +40,7 @@ class ModelScorer:
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], labels: Sequence[str] | None = None
     ) -> ScoreResult:
-        texts = [p + c for p, c in zip(prompts, completions)]
+        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
         ids = self.tokenizer(texts)["input_ids"]
         truncated = sum(len(x) > self.max_length for x in ids)
         ids = [x[-self.max_length :] or [self.pad_id] for x in ids]  # an empty text still gets a score

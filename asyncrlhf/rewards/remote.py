@@ -43,7 +43,7 @@ class RemoteScorer:
         self, prompts: Sequence[str], completions: Sequence[str], labels: Sequence[str] | None = None
     ) -> ScoreResult:
         payload = {
-            "query": [p + c for p, c in zip(prompts, completions)],
+            "query": [p + c for p, c in zip(prompts, completions, strict=True)],
             "prompts": list(prompts),
             "labels": list(labels) if labels is not None else [""] * len(prompts),
         }

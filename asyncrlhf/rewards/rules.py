@@ -101,14 +101,15 @@ def exact_match(
     extractor = _compile(extract) if extract else None
     norm = (lambda s: s.strip()) if case_sensitive else (lambda s: s.strip().lower())
     out = []
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         reference = (labels[i] if labels else None) or (answers or {}).get(prompt) or answer
+        answer_text: str | None = completion
         if extractor is not None:
             found = extractor.search(completion)
-            completion = (found.group(1) if found.groups() else found.group(0)) if found else None
+            answer_text = (found.group(1) if found.groups() else found.group(0)) if found else None
         out.append(
             1.0
-            if reference is not None and completion is not None and norm(completion) == norm(reference)
+            if reference is not None and answer_text is not None and norm(answer_text) == norm(reference)
             else 0.0
         )
     return out
@@ -146,6 +147,8 @@ def load_rule_file(path: str, function: str) -> RuleFn:
         raise ScorerConfigError(f"reward file {file} does not exist (from `{path}:{function}`)")
     module_name = f"asyncrlhf_user_rewards_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ScorerConfigError(f"reward file {file} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # so dataclasses and pickling inside the file work
     try:

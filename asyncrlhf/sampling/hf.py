@@ -24,7 +24,7 @@ from torch import nn
 
 from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
-from asyncrlhf.models import is_lora, load_policy, resolve_device, set_threads
+from asyncrlhf.models import CausalLM, is_lora, load_policy, resolve_device, set_threads
 from asyncrlhf.sampling import Completion, Finish
 from asyncrlhf.weights.codec import adapter_tensors
 from asyncrlhf.weights.receiver import swap_in
@@ -86,18 +86,18 @@ class BehaviourLogprobs:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self._pending is not None:
-            self._settle(input_ids[:, -1])
+            self._settle(self._pending, input_ids[:, -1])
         self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
-    def _settle(self, tokens: torch.Tensor) -> None:
-        self._settled.append(self._pending.gather(-1, tokens[:, None])[:, 0])
+    def _settle(self, pending: torch.Tensor, tokens: torch.Tensor) -> None:
+        self._settled.append(pending.gather(-1, tokens[:, None])[:, 0])
         self._pending = None
 
     def finish(self, new_ids: torch.Tensor) -> torch.Tensor:
         """(B, N) log-probs of the N generated tokens `new_ids`."""
         if self._pending is not None:
-            self._settle(new_ids[:, -1])
+            self._settle(self._pending, new_ids[:, -1])
         if len(self._settled) != new_ids.shape[1]:
             raise RuntimeError(f"recorded {len(self._settled)} log-probs for {new_ids.shape[1]} tokens: "
                                "another logits processor ran ahead of BehaviourLogprobs")
@@ -114,7 +114,7 @@ class HFBackend:
     sampling runs the plain model: no per-layer adapter matmuls. The adapter tensors stay what is pushed and
     reported. A caller that shares its model with the backend (an evaluation stage) leaves it unmerged."""
 
-    def __init__(self, model: nn.Module, pad_id: int, eos_ids: set[int], device: torch.device,
+    def __init__(self, model: CausalLM, pad_id: int, eos_ids: set[int], device: torch.device,
                  merge_lora: bool = False):
         from transformers import GenerationConfig
 
@@ -132,8 +132,9 @@ class HFBackend:
         if merge_lora and is_lora(model):
             from peft.tuners.lora import LoraLayer
 
-            self._pristine = [(layer.get_base_layer().weight, layer.get_base_layer().weight.detach().clone())
-                              for layer in model.modules() if isinstance(layer, LoraLayer)]
+            weights = [layer.get_base_layer().get_parameter("weight")
+                       for layer in model.modules() if isinstance(layer, LoraLayer)]
+            self._pristine = [(weight, weight.detach().clone()) for weight in weights]
             self._merge()
 
     @torch.no_grad()

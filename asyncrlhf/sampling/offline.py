@@ -16,7 +16,7 @@ from torch import nn
 
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, resolve_device
-from asyncrlhf.sampling import Completion
+from asyncrlhf.sampling import Backend, Completion
 from asyncrlhf.sampling.hf import HFBackend, completion_logprobs, left_pad
 from asyncrlhf.weights.codec import adapter_tensors
 
@@ -68,7 +68,7 @@ class PolicySampler:
         self.cfg, self.tokenizer, self.backend_name = cfg, tokenizer, backend
         self.device = resolve_device(device)
         self.batch_size = batch_size
-        self._vllm = None
+        self._vllm: Backend | None = None
 
     def generate(
         self,
@@ -137,10 +137,11 @@ def completion_token_logprobs(
         mask[row, : len(ids)] = 1.0
     parts = []
     for start in range(0, len(prompt_ids), batch_size):
-        ids, attention = left_pad(prompt_ids[start : start + batch_size], pad_id)
+        batch_ids, attention = left_pad(prompt_ids[start : start + batch_size], pad_id)
         parts.append(
             completion_logprobs(
-                model, ids.to(device), attention.to(device), new[start : start + batch_size].to(device), 1.0
+                model, batch_ids.to(device), attention.to(device), new[start : start + batch_size].to(device),
+                1.0,
             )
             .float()
             .cpu()

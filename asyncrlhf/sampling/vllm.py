@@ -174,7 +174,7 @@ class VLLMBackend:
     @staticmethod
     def _completion(output: Any) -> Completion:
         ids = list(output.token_ids)
-        logps = [step[token].logprob for step, token in zip(output.logprobs, ids)]
+        logps = [step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)]
         return Completion(ids, logps, "stop" if output.finish_reason == "stop" else "length")
 
     def _load_adapter(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:

@@ -50,9 +50,9 @@ class GoldEvaluation:
         )
         self.reference.requires_grad_(False)
         # The gold scorer alone (no proxy scorers), with the evaluator's own missing-EOS penalty.
-        self.gold = build_reward(cfg.reward.model_copy(
-            update={"scorers": [ec.gold], "missing_eos_penalty": ec.missing_eos_penalty, "max_completion_tokens": None}
-        ))
+        self.gold = build_reward(cfg.reward.model_copy(update={
+            "scorers": [ec.gold], "missing_eos_penalty": ec.missing_eos_penalty, "max_completion_tokens": None
+        }))
         self.dataset_references = self._dataset_references()
         if self.dataset_references is not None:
             self.prompts = [g.prompt for g in self.dataset_references]
@@ -130,7 +130,7 @@ class GoldEvaluation:
                 self.tokenizer(r["completion"], add_special_tokens=False)["input_ids"] + eos,
                 "stop",
             )
-            for r, ids in zip(rows, prompt_ids)
+            for r, ids in zip(rows, prompt_ids, strict=True)
         ]
 
     def _policy_references(self) -> list[Generation]:

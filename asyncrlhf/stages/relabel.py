@@ -38,7 +38,10 @@ def sampled_pairs(cfg: Config) -> list[dict]:
         2,
         cfg.generator.sampling,
     )
-    return [{"prompt": p, "a": g[0].completion, "b": g[1].completion} for p, g in zip(prompts, samples)]
+    return [
+        {"prompt": p, "a": g[0].completion, "b": g[1].completion}
+        for p, g in zip(prompts, samples, strict=True)
+    ]
 
 
 def relabel(pairs: Sequence[dict], gold, first: str, second: str) -> tuple[list[dict], dict]:
@@ -67,7 +70,7 @@ def relabel(pairs: Sequence[dict], gold, first: str, second: str) -> tuple[list[
                 "rejected_score": lo[1],
             }
         )
-    summary = {"pairs": len(out), "ties_dropped": ties}
+    summary: dict[str, float | None] = {"pairs": len(out), "ties_dropped": ties}
     if first == "chosen":
         summary["agreement"] = agree / len(out) if out else None
     return out, summary

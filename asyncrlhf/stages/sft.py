@@ -58,7 +58,7 @@ def best_of_n_data(cfg: Config, policy, tokenizer) -> list[dict]:
     )
     gold = gold_scorer(cfg)
     rows = []
-    for prompt, group in zip(prompts, samples):
+    for prompt, group in zip(prompts, samples, strict=True):
         scores = gold.score([Item(prompt, g.completion) for g in group]).scores
         best = max(range(len(group)), key=lambda i: scores[i])
         rows.append({"prompt": prompt, "completion": group[best].completion, "gold_reward": scores[best]})
@@ -71,7 +71,7 @@ def tokenize(cfg: Config, tokenizer, rows: Sequence[dict]) -> list[tuple[list[in
     prompt_ids = encode_prompts(tokenizer, [r[sc.prompt_field] for r in rows], cfg.model)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     out = []
-    for row, prompt in zip(rows, prompt_ids):
+    for row, prompt in zip(rows, prompt_ids, strict=True):
         completion = tokenizer(row[sc.completion_field], add_special_tokens=False)["input_ids"] + eos
         ids = (prompt + completion)[: sc.max_length]
         if len(ids) > len(prompt):

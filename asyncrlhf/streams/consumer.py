@@ -22,6 +22,7 @@ from typing import Generic
 
 import redis
 from google.protobuf.message import DecodeError, Message
+from redis.typing import EncodableT, FieldT
 
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.streams.dead_letter import dead_letter_fields
@@ -59,7 +60,7 @@ class Producer(Generic[M]):
             pipe.xadd(self.key, self.fields(message), maxlen=self.maxlen, approximate=True)
         return pipe.execute()
 
-    def fields(self, message: M) -> dict[bytes, bytes | str]:
+    def fields(self, message: M) -> dict[FieldT, EncodableT]:
         if not isinstance(message, self.spec.message_type):
             raise TypeError(f"stream `{self.spec.name}` carries {self.spec.message_type.__name__}, "
                             f"not {type(message).__name__}")
@@ -170,7 +171,7 @@ class Consumer(Generic[M]):
         args: list = [self.group, time.time(), maxlen, self._delete, len(deliveries), with_outputs]
         for delivery in deliveries:
             args += (delivery.entry_id, delivery.identity)
-        if outputs is not None:
+        if outputs is not None and to is not None:  # checked above: outputs come with `to`
             args += _output_args(to, outputs)
         out_key = to.key if to else self.key
         emitted = self._ack(keys=[self.key, self.seen_key, out_key], args=args)
@@ -207,7 +208,8 @@ class Consumer(Generic[M]):
         """New entries (XREADGROUP, waiting up to `block_ms` if given), those already seen acked and dropped;
         and how many were read."""
         res = self.client.xreadgroup(self.group, self.name, {self.key: ">"}, count=count, block=block_ms)
-        entries = res[0][1] if res else []
+        # redis-py's stub gives the RESP3 dict; this RESP2 client returns [[stream, entries]]
+        entries: list[tuple[bytes, dict]] = res[0][1] if res else []  # type: ignore[index, assignment]
         return self._drop_seen(entries), len(entries)
 
     def _drop_seen(self, entries: list[tuple[bytes, dict]]) -> list[tuple[bytes, dict]]:
@@ -241,7 +243,7 @@ class Consumer(Generic[M]):
                                              count=len(live) * 2, consumername=self.name)
         counts = {p["message_id"]: p["times_delivered"] for p in pending}
         fresh = self._drop_seen(live)
-        return self._deliver(fresh, deliveries=counts)
+        return self._deliver(fresh, deliveries=counts)  # type: ignore[arg-type]  # redis-py's stub: str | int
 
     def _deliver(self, entries: list[tuple[bytes, dict]], deliveries: dict[bytes, int]) -> list[Delivery[M]]:
         out: list[Delivery[M]] = []

@@ -39,7 +39,9 @@ def read_dead_letters(client: redis.Redis, key: str, count: int | None = None,
     """The oldest `count` entries (all of them when None) of the dead-letter stream `key`; with `after` (an
     entry id, e.g. the last one a reader handled), only the entries after it."""
     start = f"({after.decode()}" if after is not None else "-"
-    return [_parse(eid, fields) for eid, fields in client.xrange(key, min=start, count=count)]
+    # redis-py's stub types XRANGE as optional str | bytes; without decode_responses it is a list of bytes
+    entries = client.xrange(key, min=start, count=count)
+    return [_parse(eid, fields) for eid, fields in entries]  # type: ignore[arg-type, union-attr]
 
 
 def _parse(eid: bytes, f: dict[bytes, bytes]) -> DeadLetter:

@@ -36,4 +36,5 @@ def stream_stats(client: redis.Redis, key: str, group: str, work_queue: bool = T
 
 def _count_after(client: redis.Redis, key: str, last_id: bytes, cap: int = 100_000) -> int:
     last = last_id.decode() if isinstance(last_id, bytes) else last_id
-    return len(client.xrange(key, min=f"({last}" if last != "0-0" else "-", count=cap))
+    entries = client.xrange(key, min=f"({last}" if last != "0-0" else "-", count=cap)
+    return len(entries)  # type: ignore[arg-type]  # redis-py's stub adds None; XRANGE returns a list

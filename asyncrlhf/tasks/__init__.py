@@ -25,7 +25,9 @@ def load_task(cfg: TaskConfig) -> Task:
         return Task(train=demo.train_prompts(), eval=demo.eval_prompts())
     if cfg.name == "jsonl":
         if not cfg.train_path:
-            raise TaskError("task `jsonl` needs task.train_path (a JSONL file with a `prompt` field per line)")
+            raise TaskError(
+                "task `jsonl` needs task.train_path (a JSONL file with a `prompt` field per line)"
+            )
         train = read_jsonl_prompts(Path(cfg.train_path), cfg.prompt_field)
         held_out = read_jsonl_prompts(Path(cfg.eval_path), cfg.prompt_field) if cfg.eval_path else []
         return Task(train=train, eval=held_out)

@@ -18,7 +18,8 @@ TEMPLATES = (
 )
 
 SUBJECTS = (
-    "the new coffee shop downtown", "a rainy weekend at home", "the latest superhero movie", "your old laptop",
+    "the new coffee shop downtown", "a rainy weekend at home", "the latest superhero movie",
+    "your old laptop",
     "a crowded train commute", "a homemade lasagna", "the city library", "a long-haul flight",
     "a jazz concert in the park", "learning to play the guitar", "a budget hotel room", "the winter holidays",
     "a hiking trip in the mountains", "an online cooking class", "a used bookstore", "a noisy neighbour",

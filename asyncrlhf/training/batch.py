@@ -76,7 +76,8 @@ class SequenceBatch:
     def rows(self, index: torch.Tensor | Sequence[int]) -> SequenceBatch:
         """The sub-batch of rows `index` (every tensor and extra indexed along dim 0)."""
         index = torch.as_tensor(index, dtype=torch.long)
-        picked = {f.name: getattr(self, f.name).index_select(0, index) for f in fields(self) if f.name != "extras"}
+        tensors = [f.name for f in fields(self) if f.name != "extras"]
+        picked = {name: getattr(self, name).index_select(0, index) for name in tensors}
         extras = {k: v.index_select(0, index) for k, v in self.extras.items()}
         return SequenceBatch(**picked, extras=extras)
 

@@ -159,6 +159,7 @@ def load_checkpoint_policy(path: str | Path, base: ModelConfig | str, *, device:
     runs)."""
     hf = hf_dir(path)
     cfg = as_model_config(base)
+    policy: nn.Module
     if (hf / "adapter_config.json").is_file():
         from peft import PeftModel
 

@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -100,7 +100,8 @@ def initialize(model: nn.Module, cfg: LearnerConfig, lr: float | None = None):
     optimizer = make_optimizer(model, cfg, lr)
     scheduler = make_scheduler(optimizer, cfg)
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, cfg.total_steps)
+        model=model, optimizer=optimizer, lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, cfg.total_steps),
     )
     return engine
 
@@ -117,7 +118,7 @@ def gathered(module: nn.Module, zero_stage: int) -> Iterator[None]:
         yield
 
 
-def full_state_dict(module: nn.Module, zero_stage: int, only_adapters: bool) -> Mapping[str, torch.Tensor]:
+def full_state_dict(module: nn.Module, zero_stage: int, only_adapters: bool) -> dict[str, torch.Tensor]:
     """The tensors generators need: every weight, or just LoRA adapters; detached CPU copies."""
     with gathered(module, zero_stage):
         state = module.state_dict()

@@ -14,6 +14,7 @@ truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL); every o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,7 +64,9 @@ class Objective(Protocol):
 
     def prepare(self, rows: SequenceBatch) -> SequenceBatch: ...
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut: ...
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut: ...
 
 
 def _behaviour_for_correction(rows: SequenceBatch) -> torch.Tensor:
@@ -121,7 +124,9 @@ class OnlineDPO:
     def prepare(self, rows: SequenceBatch) -> SequenceBatch:
         return rows
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         seq = A.sequence_logprobs(logps, micro.mask)
         ref = A.sequence_logprobs(micro.extras["ref_logps"], micro.mask)
         loss, chosen_r, rejected_r = A.dpo_loss(
@@ -166,7 +171,9 @@ class BestOfN:
     def prepare(self, rows: SequenceBatch) -> SequenceBatch:
         return rows
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         weights = torch.ones_like(logps)
         if micro.corrected.any():
             weights = A.importance_weights(micro.extras["old_logps"], _behaviour_for_correction(micro), "tis",
@@ -209,7 +216,9 @@ class PolicyGradient(_KLMixin):
         self.observe_kl(float(kl.sum(dim=1).mean()), len(rows))
         return rows.with_extras(advantages=advantages, reward_kl=kl.sum(dim=1))
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         loss, stats = A.decoupled_ppo_loss(
             logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
             micro.mask, self.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
@@ -254,13 +263,17 @@ class PPO(_KLMixin):
         self.observe_kl(float(kl.sum(dim=1).mean()), len(rows))
         return rows.with_extras(advantages=advantages, returns=returns, reward_kl=kl.sum(dim=1))
 
-    def loss(self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals) -> LossOut:
+    def loss(
+        self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
+    ) -> LossOut:
         policy_loss, stats = A.decoupled_ppo_loss(
             logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
-            micro.mask, self.ppo.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
-            denominator=totals.tokens,
+            micro.mask, self.ppo.clip_eps, weight_kind=self.correction.token_kind,
+            weight_cap=self.correction.cap, denominator=totals.tokens,
         )
         policy_loss = policy_loss + self._kl_loss_term(micro, logps, totals)
+        if values is None:
+            raise ValueError("PPO's loss needs the value model's values (needs_values is set)")
         value_loss = A.ppo_value_loss(
             values, micro.extras["old_values"], micro.extras["returns"], micro.mask, self.ppo.value_clip_eps,
             denominator=totals.tokens,
@@ -270,7 +283,7 @@ class PPO(_KLMixin):
         return LossOut(policy_loss, self.ppo.vf_coef * value_loss, stats)
 
 
-OBJECTIVES = {
+OBJECTIVES: dict[str, Callable[[Config], Objective]] = {
     "online_dpo": OnlineDPO,
     "best_of_n": BestOfN,
     "rloo": PolicyGradient,

@@ -8,18 +8,22 @@ full fine-tune keeps a frozen copy on the policy's device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from asyncrlhf.config import Config, ModelConfig, PPOLearnerConfig
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import Objective
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
 
 @dataclass
 class LearnerModels:
-    policy: object  # DeepSpeed engine of the policy
+    policy: DeepSpeedEngine
     reference: ReferencePolicy | None
-    value: object | None  # DeepSpeed engine of the value model (PPO), or None
+    value: DeepSpeedEngine | None  # the value model (PPO), or None
 
 
 def build_models(cfg: Config, objective: Objective) -> LearnerModels:
@@ -29,7 +33,7 @@ def build_models(cfg: Config, objective: Objective) -> LearnerModels:
     policy_engine = engine.initialize(policy, lc)
     reference = None
     if objective.needs_reference:
-        base = policy_engine.module if lc.lora.enabled else frozen_base.to(policy_engine.device)
+        base = policy_engine.module if frozen_base is None else frozen_base.to(policy_engine.device)
         reference = ReferencePolicy(base)
     value_engine = None
     if objective.needs_values:
@@ -43,6 +47,8 @@ def value_source(cfg: Config) -> ModelConfig | str:
     if isinstance(lc, PPOLearnerConfig) and lc.ppo.value_init == "reward_model":
         paths = [s.path for s in cfg.reward.scorers if s.kind == "model" and s.path]
         if not paths:
-            raise ValueError("learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path")
+            raise ValueError(
+                "learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path"
+            )
         return paths[0]
     return cfg.model

@@ -29,7 +29,9 @@ def make_engine(
 ):
     """A DeepSpeed engine (a world of one unless launched by torchrun/deepspeed) for a stage's training."""
     ds.init_distributed()
-    update = {"lr": lr, "micro_batch_size": micro_batch_size, "total_steps": max(1, total_steps)}
+    update: dict[str, object] = {
+        "lr": lr, "micro_batch_size": micro_batch_size, "total_steps": max(1, total_steps)
+    }
     if lora is not None:
         update["lora"] = lora
     return ds.initialize(model, cfg.learner.model_copy(update=update))

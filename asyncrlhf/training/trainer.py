@@ -103,7 +103,9 @@ class Trainer:
     def _values(self, micro: SequenceBatch) -> torch.Tensor:
         """(B, T) value of the state before each completion token (the hidden state that predicts it)."""
         width = micro.completion_width
-        values = per_token_scores(self.value.module, micro.input_ids, micro.attention_mask, micro.position_ids)
+        values = per_token_scores(
+            self.value.module, micro.input_ids, micro.attention_mask, micro.position_ids
+        )
         return values[:, -width - 1 : -1].float() * micro.mask
 
     # -- the update --------------------------------------------------------------------------------------
@@ -114,7 +116,9 @@ class Trainer:
             return lc.ppo.epochs, lc.ppo.minibatches
         return 1, 1
 
-    def _split(self, rows: SequenceBatch, parts: int, generator: torch.Generator | None) -> list[SequenceBatch]:
+    def _split(
+        self, rows: SequenceBatch, parts: int, generator: torch.Generator | None
+    ) -> list[SequenceBatch]:
         unit = self.objective.unit
         units = len(rows) // unit
         order = torch.randperm(units, generator=generator) if generator is not None else torch.arange(units)

@@ -20,7 +20,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 
 MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
 
-TO_WIRE: dict[torch.dtype, int] = {
+TO_WIRE: dict[torch.dtype, pb.DType] = {
     torch.float32: pb.DTYPE_FLOAT32,
     torch.bfloat16: pb.DTYPE_BFLOAT16,
     torch.float16: pb.DTYPE_FLOAT16,
@@ -29,7 +29,7 @@ TO_WIRE: dict[torch.dtype, int] = {
     torch.uint8: pb.DTYPE_UINT8,
     torch.bool: pb.DTYPE_BOOL,
 }
-FROM_WIRE: dict[int, torch.dtype] = {v: k for k, v in TO_WIRE.items()}
+FROM_WIRE: dict[pb.DType, torch.dtype] = {v: k for k, v in TO_WIRE.items()}
 PUSH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
 }
@@ -40,7 +40,7 @@ class WireTensor:
     """A tensor ready to send: cast, contiguous, on CPU, as raw bytes. Shared by every target of a push."""
 
     name: str
-    dtype: int  # pb.DType
+    dtype: pb.DType
     shape: tuple[int, ...]
     data: memoryview  # raw bytes, C order
     tensor: torch.Tensor  # keeps `data` alive
@@ -55,7 +55,8 @@ def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) ->
     if t.dtype not in TO_WIRE:
         supported = sorted(map(str, TO_WIRE))
         raise ValueError(f"cannot push tensor `{name}` of dtype {t.dtype}; supported: {supported}")
-    data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    # numpy's stub lacks __buffer__ on ndarray for this Python; an ndarray is a buffer
+    data = memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return WireTensor(name, TO_WIRE[t.dtype], tuple(t.shape), data, t)
 
 
@@ -118,7 +119,7 @@ def decode_chunk(raw: bytes) -> tuple[pb.WeightChunk, memoryview]:
     """Parse a serialized WeightChunk into its header (everything but `data`) and a view of `data`."""
     view, pos, data, rest = memoryview(raw), 0, memoryview(b""), []
     while pos < len(raw):
-        start = pos
+        start: int | None = pos  # None for the data field, which is not part of the header
         key, pos = _read_varint(raw, pos)
         field, wire_type = key >> 3, key & 7
         if wire_type == 0:

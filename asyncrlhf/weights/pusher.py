@@ -24,6 +24,7 @@ from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, checksum, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
 
+PushStatus = Literal["ok", "rejected", "unreachable"]
 
 @dataclass(frozen=True)
 class PushTarget:
@@ -37,7 +38,7 @@ class PushOutcome:
     `unreachable` (no answer within the deadline)."""
 
     target: PushTarget
-    status: Literal["ok", "rejected", "unreachable"]
+    status: PushStatus
     code: str  # gRPC status code name ("OK", "DATA_LOSS", "UNAVAILABLE", ...)
     detail: str
     version: int  # the version the target now serves, when ok
@@ -144,7 +145,7 @@ class WeightPusher:
                                  timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
-            status = "unreachable" if code in _UNREACHABLE else "rejected"
+            status: PushStatus = "unreachable" if code in _UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)

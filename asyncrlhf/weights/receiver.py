@@ -135,7 +135,8 @@ class _Staging:
     def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
         self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
         self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
-        self.nbytes, self.filled, self.digest, self.checksum = buffer.numel(), 0, xxhash.xxh3_64(), None
+        self.nbytes, self.filled, self.digest = buffer.numel(), 0, xxhash.xxh3_64()
+        self.checksum: int | None = None
         self._pending: Future | None = None
 
     def add(self, header: pb.WeightChunk, data: memoryview) -> None:
@@ -237,7 +238,7 @@ class WeightReceiver:
                                f"`{name}`: pushed {list(header.shape)}, live {list(target.shape)}")
         wire = FROM_WIRE.get(header.dtype)
         castable = wire is not None and wire.is_floating_point and target.dtype.is_floating_point
-        if wire != target.dtype and not castable:
+        if wire is None or (wire != target.dtype and not castable):
             raise PushRejected("dtype_mismatch",
                                f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
         nbytes = target.numel() * wire.itemsize

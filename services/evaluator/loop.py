@@ -55,6 +55,11 @@ class Evaluator:
         self.evaluation = GoldEvaluation(self.cfg, load_tokenizer(self.cfg.model))
         return self
 
+    def _started_evaluation(self) -> GoldEvaluation:
+        if self.evaluation is None:
+            raise RuntimeError("Evaluator.start() loads the models; call it before evaluating")
+        return self.evaluation
+
     def _ready(self) -> tuple[bool, str]:
         if self.evaluation is None:
             return False, "loading models"
@@ -106,7 +111,7 @@ class Evaluator:
     def evaluate_initial(self) -> None:
         if 1 in self.done:
             return
-        evaluation = self.evaluation
+        evaluation = self._started_evaluation()
         started = time.perf_counter()
         generations = evaluation.initial_generations()
         self._record(1, INITIAL, evaluation.evaluate(evaluation.reference, generations), started)
@@ -115,7 +120,7 @@ class Evaluator:
         if version in self.done:
             return
         started = time.perf_counter()
-        evaluation = self.evaluation
+        evaluation = self._started_evaluation()
         try:
             policy = load_checkpoint_policy(path, self.cfg.model, device=str(evaluation.sampler.device))
         except (ModelLoadError, OSError):
@@ -124,8 +129,8 @@ class Evaluator:
                 raise
             # The learner prunes old checkpoints (learner.keep_checkpoints); one can vanish before or while
             # it loads when evaluation falls behind training.
-            log.warning("checkpoint %s (version %d) is gone (pruned? raise learner.keep_checkpoints); skipped",
-                        path, version)
+            log.warning("checkpoint %s (version %d) is gone (pruned? raise learner.keep_checkpoints); "
+                        "skipped", path, version)
             self.metrics.skipped.labels("missing").inc()
             return
         generations = evaluation.generate(policy, version)

@@ -114,7 +114,7 @@ class GeneratorLoop:
             return 0
         seconds, generated_at = time.perf_counter() - start, time.time()
         groups = [rollout_group(d.message, c, version, self.generator_id, started_at, generated_at,
-                                self._decode) for (d, _, _), c in zip(work, completions)]
+                                self._decode) for (d, _, _), c in zip(work, completions, strict=True)]
         self.consumer.ack([d for d, _, _ in work], groups, to=self.producer)
         self._record(completions, seconds)
         return len(groups)
@@ -126,7 +126,7 @@ class GeneratorLoop:
         for k, same_k in groupby(order, key=lambda i: work[i][2]):
             idx = list(same_k)
             generated = self.backend.generate([work[i][1] for i in idx], k, self.cfg.generator.sampling)
-            for i, comps in zip(idx, generated):
+            for i, comps in zip(idx, generated, strict=True):
                 out[i] = comps
         return out  # type: ignore[return-value]
 

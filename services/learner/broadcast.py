@@ -7,9 +7,10 @@ import torch
 
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.algorithms import StalenessDecision
+from asyncrlhf.algorithms.offpolicy import StaleAction
 from asyncrlhf.training.batch import TrainGroup
 
-_ACTIONS = ("fresh", "keep", "correct", "drop")
+_ACTIONS: tuple[StaleAction, ...] = ("fresh", "keep", "correct", "drop")
 
 
 def broadcast_groups(groups: list[TrainGroup] | None, rank: int, world: int) -> list[TrainGroup] | None:
@@ -36,7 +37,7 @@ def broadcast_groups(groups: list[TrainGroup] | None, rank: int, world: int) -> 
         else torch.zeros(sum(lengths), dtype=torch.uint8)
     dist.broadcast(payload, 0)
     raw, out, offset = payload.numpy().tobytes(), [], 0
-    for n, age, action in zip(lengths, staleness, actions):
+    for n, age, action in zip(lengths, staleness, actions, strict=True):
         message = RolloutGroup()
         message.ParseFromString(raw[offset : offset + n])
         out.append(TrainGroup(message, StalenessDecision(age, _ACTIONS[action])))

@@ -81,7 +81,8 @@ class PromptFeed:
         groups = [self.group(start + i, version) for i in range(granted)]
         pipe = self.client.pipeline(transaction=True)
         for g in groups:
-            pipe.xadd(self.producer.key, self.producer.fields(g), maxlen=self.producer.maxlen, approximate=True)
+            pipe.xadd(self.producer.key, self.producer.fields(g), maxlen=self.producer.maxlen,
+                      approximate=True)
         pipe.set(self.cursor_key, start + granted)
         pipe.execute()
         return granted

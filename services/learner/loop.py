@@ -23,6 +23,7 @@ from asyncrlhf._proto.events_pb2 import (
     EVENT_KIND_POLICY_VERSION,
     EVENT_KIND_RUN_FINISHED,
     Event,
+    EventKind,
 )
 from asyncrlhf.config import Config
 from asyncrlhf.metrics import make_app
@@ -115,6 +116,7 @@ class Learner:
                 self.weights.publish(self.state.version)
             self._maybe_checkpoint()
             return
+        assert batch is not None, "rank 0 trains only a batch it collected"
         self.schedule.trained(batch, self.state.version)
         self.metrics.step_time.observe(time.perf_counter() - started)
         self.metrics.record_step(stats, groups, self.state.version)
@@ -129,7 +131,7 @@ class Learner:
 
     # -- events and checkpoints --------------------------------------------------------------------------
 
-    def _emit(self, kind: int, **fields) -> None:
+    def _emit(self, kind: EventKind, **fields) -> None:
         values = {k: float(v) for k, v in fields.pop("values", {}).items()}
         self.events.add(Event(event_id=uuid.uuid4().hex, kind=kind, policy_version=self.state.version,
                               timestamp=time.time(), source="learner", values=values, **fields))
@@ -146,7 +148,8 @@ class Learner:
             self.state.finished = self.schedule.finished
             controller = getattr(self.objective, "kl_controller", None)
             self.state.kl_coef = controller.value if controller else None
-        path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state, self.rank)
+        path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state,
+                               self.rank)
         if self.rank == 0:
             self._emit(EVENT_KIND_CHECKPOINT_SAVED, checkpoint_path=str(path.resolve()))
             log.info("checkpoint %s", path)

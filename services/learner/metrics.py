@@ -13,7 +13,8 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 class LearnerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.version = Gauge(names.LEARNER_VERSION, "Policy version the learner holds (steps + 1).", registry=r)
+        self.version = Gauge(names.LEARNER_VERSION, "Policy version the learner holds (steps + 1).",
+                             registry=r)
         self.steps = Counter(names.LEARNER_STEPS_TOTAL, "Optimizer steps taken.", registry=r)
         self.samples = Counter(names.LEARNER_SAMPLES_TOTAL, "Sequences trained on.", registry=r)
         self.tokens = Counter(names.LEARNER_TOKENS_TOTAL, "Completion tokens trained on.", registry=r)
@@ -24,7 +25,8 @@ class LearnerMetrics:
         self.reward = Gauge(names.LEARNER_REWARD_MEAN, "Mean reward of the last step's samples.", registry=r)
         self.stat = Gauge(names.LEARNER_STEP_STAT, "Per-algorithm statistics of the last step.", ["stat"],
                           registry=r)
-        self.staleness = Histogram(names.LEARNER_STALENESS_VERSIONS, "Staleness of trained samples, in versions.",
+        self.staleness = Histogram(names.LEARNER_STALENESS_VERSIONS,
+                                   "Staleness of trained samples, in versions.",
                                    buckets=STALENESS_BUCKETS, registry=r)
         self.stale = Counter(names.LEARNER_STALE_GROUPS_TOTAL, "Groups beyond max_staleness, by action.",
                              ["action"], registry=r)
@@ -36,16 +38,17 @@ class LearnerMetrics:
                                ["target"], registry=r)
         self.push_bytes = Counter(names.LEARNER_PUSH_BYTES_TOTAL, "Bytes pushed, per target.", ["target"],
                                   registry=r)
-        self.push_failures = Counter(names.LEARNER_PUSH_FAILURES_TOTAL, "Failed pushes, per target and status.",
-                                     ["target", "status"], registry=r)
+        self.push_failures = Counter(names.LEARNER_PUSH_FAILURES_TOTAL,
+                                     "Failed pushes, per target and status.", ["target", "status"],
+                                     registry=r)
         self.in_flight = Gauge(names.LEARNER_IN_FLIGHT_GROUPS, "Prompt groups enqueued, not yet finished.",
                                registry=r)
         self.queue_depth = Gauge(names.LEARNER_QUEUE_DEPTH, "Entries waiting in each stream.", ["stream"],
                                  registry=r)
-        self.queue_lag = Gauge(names.LEARNER_CONSUMER_LAG, "Entries not yet delivered to each stream's group.",
-                               ["stream"], registry=r)
-        self.dead_letters = Gauge(names.LEARNER_DEAD_LETTER_ENTRIES, "Entries in the run's dead-letter stream.",
-                                  registry=r)
+        self.queue_lag = Gauge(names.LEARNER_CONSUMER_LAG,
+                               "Entries not yet delivered to each stream's group.", ["stream"], registry=r)
+        self.dead_letters = Gauge(names.LEARNER_DEAD_LETTER_ENTRIES,
+                                  "Entries in the run's dead-letter stream.", registry=r)
 
     def record_step(self, stats: dict[str, float], groups: list[TrainGroup], version: int) -> None:
         """A trained step: `version` is the one its update produced; staleness is per sample."""

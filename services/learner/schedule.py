@@ -53,7 +53,7 @@ class StepBatch:
     decisions: list[StalenessDecision] = field(default_factory=list)
 
     def groups(self) -> list[TrainGroup]:
-        return [TrainGroup(d.message, s) for d, s in zip(self.deliveries, self.decisions)]
+        return [TrainGroup(d.message, s) for d, s in zip(self.deliveries, self.decisions, strict=True)]
 
     def sorted(self) -> StepBatch:
         """In group-id order, so a step's batch does not depend on arrival order."""
@@ -84,7 +84,9 @@ class Schedule:
     def finished(self) -> int:
         return int(self.client.get(self._finished_key) or 0)
 
-    def collect(self, version: int, stop: threading.Event, while_waiting: Callable[[], None]) -> StepBatch | None:
+    def collect(
+        self, version: int, stop: threading.Event, while_waiting: Callable[[], None]
+    ) -> StepBatch | None:
         """Read scored groups until a step's worth is admitted; enqueue prompts and call `while_waiting`
         (late generators) between reads. None when stopped or the prompt set is exhausted."""
         lc = self.cfg.learner
@@ -145,12 +147,14 @@ class Schedule:
     def _reap_dead_letters(self, version: int) -> None:
         """Dead-lettered groups of this run will never arrive: count them finished and free their credits."""
         cursor = self.client.get(self._dlq_cursor_key)
-        entries = self.streams.dead_letters(count=1000, after=cursor)
+        # redis-py's stub says bytes | str; without decode_responses GET returns bytes
+        entries = self.streams.dead_letters(count=1000, after=cursor)  # type: ignore[arg-type]
         if not entries:
             return
         streams = {spec.name for spec, _ in FLOW}
         lost = [d.identity for d in entries
-                if d.stream in streams and d.identity not in self.consumed.ids and self.feed.enqueued(d.identity)]
+                if d.stream in streams and d.identity not in self.consumed.ids
+                and self.feed.enqueued(d.identity)]
         lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) finishes once
         if lost:
             self.consumed.append("dead_lettered", version, lost)

@@ -10,7 +10,7 @@ import time
 import torch
 
 from asyncrlhf.config import Config
-from asyncrlhf.registry import Registry
+from asyncrlhf.registry import Member, Registry
 from asyncrlhf.training import engine
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from services.learner.metrics import LearnerMetrics
@@ -34,7 +34,7 @@ class WeightPublisher:
         self._weights = engine.full_state_dict(self.policy.module, lc.deepspeed.zero_stage, lc.lora.enabled)
         self.version = version
         if self.rank == 0:
-            self._push([PushTarget(m.id, m.address) for m in self.registry.live()])
+            self._push([PushTarget(m.id, m.address) for m in self._live()])
 
     def sync_late_generators(self) -> None:
         """Push the current version to live generators behind it, retrying a failed one after two beats."""
@@ -44,9 +44,10 @@ class WeightPublisher:
         self._last_sync = now
         retry_after = 2 * self.cfg.generator.heartbeat_s
         behind = [
-            PushTarget(m.id, m.address) for m in self.registry.live()
+            PushTarget(m.id, m.address) for m in self._live()
             if m.version < self.version
-            and (self._pushed.get(m.id, (0, 0.0))[0] < self.version or now - self._pushed[m.id][1] > retry_after)
+            and (self._pushed.get(m.id, (0, 0.0))[0] < self.version
+                 or now - self._pushed[m.id][1] > retry_after)
         ]
         if behind:
             self._push(behind)
@@ -55,8 +56,12 @@ class WeightPublisher:
         if self.pusher is not None:
             self.pusher.close()
 
+    def _live(self) -> list[Member]:
+        """The live generators; only rank 0 holds the registry."""
+        return self.registry.live() if self.registry is not None else []
+
     def _push(self, targets: list[PushTarget]) -> None:
-        if not targets or self._weights is None:
+        if not targets or self._weights is None or self.pusher is None:  # only rank 0 pushes
             return
         for outcome in self.pusher.push(self._weights, self.version, targets):
             target = outcome.target.id

@@ -148,7 +148,7 @@ def openrlhf_items(request: GetRewardRequest) -> list[Item]:
     prompts = request.prompts or [""] * n
     labels = [_label(x) for x in request.labels] if request.labels is not None else [None] * n
     items = []
-    for query, prompt, label in zip(request.query, prompts, labels):
+    for query, prompt, label in zip(request.query, prompts, labels, strict=True):
         if not (prompt and query.startswith(prompt)):
             prompt = ""
         items.append(Item(prompt, query[len(prompt) :], True, None, label))

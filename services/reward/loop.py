@@ -87,7 +87,7 @@ class RewardLoop:
                     [batch[i] for i in done], [outputs[i] for i in done], to=self.producer
                 )
                 self.metrics.groups.inc(written)
-            for delivery, error in zip(batch, errors):
+            for delivery, error in zip(batch, errors, strict=True):
                 if error is not None:
                     self.consumer.fail(delivery, error)
         self._sync_counters()
@@ -103,7 +103,8 @@ class RewardLoop:
             pairs = [self._score_alone(g, first) for g in groups]
             return [out for out, _ in pairs], [error for _, error in pairs]
         offsets = itertools.accumulate([len(g.samples) for g in groups[:-1]], initial=0)
-        return [scored(g, result, o, self.scorer_id) for g, o in zip(groups, offsets)], [None] * len(groups)
+        outputs = [scored(g, result, o, self.scorer_id) for g, o in zip(groups, offsets, strict=True)]
+        return outputs, [None] * len(groups)
 
     def _score_alone(
         self, group: RolloutGroup, first_error: str | None

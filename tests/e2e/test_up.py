@@ -1,4 +1,5 @@
-"""`asyncrlhf up configs/tiny.yaml` as a user runs it: subprocess, embedded Redis, real gRPC, real DeepSpeed."""
+"""`asyncrlhf up configs/tiny.yaml` as a user runs it: subprocess, embedded Redis, real gRPC, real
+DeepSpeed."""
 
 import json
 import os
@@ -21,8 +22,8 @@ def up(tmp_path, *overrides, **popen):
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "up", "configs/tiny.yaml", f"run.dir={tmp_path}/run",
            f"run.name=e2e-{tmp_path.name}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            **popen)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
 
 
 def finish(proc, timeout=300) -> tuple[int, str]:
@@ -43,8 +44,9 @@ def test_up_runs_the_whole_pipeline_and_writes_the_report(tmp_path):
     assert summary["learner_version"] == 5  # 4 steps taken: version = steps + 1
     assert len(summary["generator_versions"]) == 2
     assert all(v == 5 for v in summary["generator_versions"].values()), summary["generator_versions"]
-    assert summary["metrics_answered"] and all(summary["metrics_answered"].values()), summary["metrics_answered"]
-    assert set(summary["metrics_answered"]) == {"reward-0", "generator-0", "generator-1", "learner", "evaluator"}
+    answered = summary["metrics_answered"]
+    assert answered and all(answered.values()), answered
+    assert set(answered) == {"reward-0", "generator-0", "generator-1", "learner", "evaluator"}
     results = [json.loads(line) for line in (run / "eval" / "results.jsonl").read_text().splitlines()]
     assert results[0]["version"] == 1 and results[-1]["version"] == 5
     assert (run / "report.md").is_file() and "Report:" in out
@@ -53,8 +55,8 @@ def test_up_runs_the_whole_pipeline_and_writes_the_report(tmp_path):
 
 
 def test_a_crashed_service_stops_the_run_with_its_log_tail(tmp_path):
-    code, out = finish(up(tmp_path, "reward.scorers=[{kind: rule, name: no_such_rule}]", "launch.evaluator=false"),
-                       timeout=180)
+    process = up(tmp_path, "reward.scorers=[{kind: rule, name: no_such_rule}]", "launch.evaluator=false")
+    code, out = finish(process, timeout=180)
     assert code == 1
     assert "reward-0 exited with code" in out and "no_such_rule" in out
 

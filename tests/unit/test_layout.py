@@ -30,7 +30,8 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_library_never_imports_services():
-    offenders = {str(p.relative_to(REPO)): sorted(m for m in imported_modules(p) if m.split(".")[0] == "services")
+    offenders = {str(p.relative_to(REPO)): sorted(m for m in imported_modules(p)
+                                                  if m.split(".")[0] == "services")
                  for p in sources("asyncrlhf")}
     assert {p: m for p, m in offenders.items() if m} == {}
 

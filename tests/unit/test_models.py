@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 def test_tiny_is_deterministic_across_loads():
     a, b = load_policy("tiny"), load_policy("tiny")
-    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(pa, pb), name
 
 

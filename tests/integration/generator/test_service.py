@@ -88,7 +88,7 @@ def test_groups_have_k_samples_with_exact_logprobs_and_the_version_used(gen):
     ids = enqueue(gen.client, gen.run, prompts[:3], k=3) + enqueue(gen.client, gen.run, prompts[3:])
     found = wait_for(lambda: rollouts_for(gen.client, gen.run, ids), "6 rollout groups", alive=[gen.process])
     model = gen.model_at(version)
-    for group_id, prompt, k in zip(ids, prompts, [3, 3, 3, 2, 2, 2]):
+    for group_id, prompt, k in zip(ids, prompts, [3, 3, 3, 2, 2, 2], strict=True):
         group = found[group_id]
         assert group.policy_version == version and group.generator_id == gen.member.id
         assert list(group.prompt.prompt_token_ids) == prompt and len(group.samples) == k

@@ -24,12 +24,12 @@ def scored_group(prompt: PromptGroup, version: int) -> RolloutGroup:
     seed = int(hashlib.sha256(prompt.group_id.encode()).hexdigest(), 16) % (2**31)
     g = torch.Generator().manual_seed(seed)
     samples = []
-    for j in range(prompt.k):
+    for _ in range(prompt.k):
         length = int(torch.randint(2, 6, (1,), generator=g))
         ids = torch.randint(3, 259, (length,), generator=g).tolist()
         reward = float(torch.rand((), generator=g))
-        samples.append(Sample(completion_token_ids=ids, logprobs=[-2.0] * length, finish_reason=FINISH_REASON_STOP,
-                              reward=reward))
+        samples.append(Sample(completion_token_ids=ids, logprobs=[-2.0] * length,
+                              finish_reason=FINISH_REASON_STOP, reward=reward))
     return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=version,
                         generator_id="actor", generated_at=time.time())
 
@@ -63,7 +63,8 @@ class Actor:
                 continue
             deliveries = consumer.read(8, block_ms=50)
             version = self.receiver.version
-            groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity))) for d in deliveries]
+            groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity)))
+                      for d in deliveries]
             consumer.ack(deliveries, groups, to=out)
             self.prompts.update({d.identity: d.message for d in deliveries})
 

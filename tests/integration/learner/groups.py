@@ -33,4 +33,4 @@ def train_groups(groups: list[RolloutGroup], corrected: list[bool] | None = None
     importance-corrected."""
     corrected = corrected or [False] * len(groups)
     return [TrainGroup(g, StalenessDecision(1, "correct") if c else StalenessDecision(0, "fresh"))
-            for g, c in zip(groups, corrected)]
+            for g, c in zip(groups, corrected, strict=True)]

@@ -45,8 +45,8 @@ def run_learner(cfg, redis_url, **actor_kwargs):
 
 @pytest.mark.parametrize("algorithm", ["online_dpo", "rloo"])
 def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url, run_name, algorithm):
-    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=0", f"learner.algorithm={algorithm}",
-                         "learner.kl.coef=0.01")
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=0",
+                         f"learner.algorithm={algorithm}", "learner.kl.coef=0.01")
     learner, actor = run_learner(cfg, redis_url)
     rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
     assert len(rows) == 4 and all(s == 0 for r in rows for s in r["staleness"])  # on-policy by construction
@@ -54,12 +54,14 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
     # the synchronous path: the same groups, in the same order, straight into a fresh Trainer
     engine.init_distributed()
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
-    trainer = Trainer(cfg, policy, ReferencePolicy(load_policy(cfg.model)), objective=make_objective(cfg), pad_id=0)
+    reference = ReferencePolicy(load_policy(cfg.model))
+    trainer = Trainer(cfg, policy, reference, objective=make_objective(cfg), pad_id=0)
     for step, row in enumerate(rows, start=1):
         groups = [TrainGroup(scored_group(actor.prompts[gid], step)) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)
     # Bit-exact: both paths run the same kernels on the same tensors in the same order on CPU in fp32.
-    for (name, a), (_, b) in zip(learner.policy.module.state_dict().items(), policy.module.state_dict().items()):
+    async_weights, sync_weights = learner.policy.module.state_dict(), policy.module.state_dict()
+    for (name, a), (_, b) in zip(async_weights.items(), sync_weights.items(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -75,8 +77,12 @@ def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
 
 
 def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url, run_name):
-    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=0", "learner.stale_policy=drop")
-    stale = lambda gid: 1 if int(gid[1:]) % 4 == 1 else 0  # every 4th group claims an older version
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=0",
+                         "learner.stale_policy=drop")
+
+    def stale(gid: str) -> int:  # every 4th group claims an older version
+        return 1 if int(gid[1:]) % 4 == 1 else 0
+
     learner, actor = run_learner(cfg, redis_url, version_offset=stale)
     rows = consumed(cfg)
     dropped = [g for r in rows if r["kind"] == "dropped" for g in r["group_ids"]]

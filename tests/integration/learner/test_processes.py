@@ -43,7 +43,8 @@ def sync_weights(cfg, rows, prompts):
     """The same groups through one in-process rank (twice the accumulation of each of two ranks)."""
     engine.init_distributed()
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
-    trainer = Trainer(cfg, policy, ReferencePolicy(load_policy(cfg.model)), objective=make_objective(cfg), pad_id=0)
+    reference = ReferencePolicy(load_policy(cfg.model))
+    trainer = Trainer(cfg, policy, reference, objective=make_objective(cfg), pad_id=0)
     for step, row in enumerate(rows, start=1):
         groups = [TrainGroup(scored_group(prompts[gid], step)) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)

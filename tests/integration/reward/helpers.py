@@ -27,7 +27,7 @@ def rollout(
             text=t,
             finish_reason=FINISH_REASON_STOP if stop else FINISH_REASON_LENGTH,
         )
-        for t, stop in zip(texts, stopped)
+        for t, stop in zip(texts, stopped, strict=True)
     ]
     return RolloutGroup(
         group_id=group_id,

@@ -67,7 +67,7 @@ def test_get_reward_answers_an_openrlhf_client_request(served):
     prompts = ["<s>user\nWhat is 2+2?</s>\n<s>assistant\n", "<s>user\nHow was the film?</s>\n<s>assistant\n"]
     responses = ["4", NEGATIVE]
     data = {
-        "query": [p + r for p, r in zip(prompts, responses)],
+        "query": [p + r for p, r in zip(prompts, responses, strict=True)],
         "prompts": prompts,
         "labels": ["4", ""],
         "datasources": ["math", "chat"],

@@ -58,7 +58,7 @@ def test_tiny_reward_model_through_redis_equals_a_direct_forward_pass(redis_clie
     for sent in groups:
         got = by_id[sent.group_id]
         assert got.scorer_id == "r0" and got.scored_at > 0 and got.policy_version == 3
-        for sample_in, sample_out in zip(sent.samples, got.samples):
+        for sample_in, sample_out in zip(sent.samples, got.samples, strict=True):
             ids = tokenizer(sent.prompt.prompt + sample_in.text)["input_ids"]
             with torch.no_grad():
                 expected = model(input_ids=torch.tensor([ids])).logits[0, 0].item()

@@ -7,7 +7,8 @@ from asyncrlhf.cli import main
 
 @pytest.fixture
 def stage(tmp_path):
-    """`stage("sft", "sft.epochs=2")`: `asyncrlhf sft --config configs/tiny.yaml run.dir=<tmp> sft.epochs=2`."""
+    """`stage("sft", "sft.epochs=2")` runs
+    `asyncrlhf sft --config configs/tiny.yaml run.dir=<tmp> sft.epochs=2`."""
 
     def run(command: str, *args: str) -> int:
         return main([command, "--config", "configs/tiny.yaml", f"run.dir={tmp_path}", *args])

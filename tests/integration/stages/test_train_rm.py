@@ -44,7 +44,7 @@ def test_reward_model_separates_a_toy_preference_set(stage, tmp_path, capsys):
     scores = scorer.score(
         [p["prompt"] for p in held] * 2, [p["chosen"] for p in held] + [p["rejected"] for p in held]
     ).scores
-    assert sum(c > r for c, r in zip(scores[:10], scores[10:])) >= 9
+    assert sum(c > r for c, r in zip(scores[:10], scores[10:], strict=True)) >= 9
 
 
 def test_train_rm_reads_relabel_output_by_default(stage, tmp_path):

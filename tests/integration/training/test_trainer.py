@@ -41,7 +41,11 @@ def test_online_dpo_raises_the_chosen_minus_rejected_log_ratio():
     trainer, policy = make_trainer("learner.algorithm=online_dpo", "learner.online_dpo.beta=0.1")
     groups = scored_groups(4, 2)  # sample 1 is chosen (reward 1 > 0)
     ref = sequence_logps(trainer.reference, groups)
-    margin = lambda: ((sequence_logps(policy, groups) - ref)[:, 1] - (sequence_logps(policy, groups) - ref)[:, 0]).mean()
+
+    def margin() -> torch.Tensor:  # chosen minus rejected log-ratio against the reference
+        ratio = sequence_logps(policy, groups) - ref
+        return (ratio[:, 1] - ratio[:, 0]).mean()
+
     assert abs(float(margin())) < 1e-5  # policy == reference at start
     losses, kls, expected_kls = [], [], []
     for _ in range(4):

@@ -82,7 +82,8 @@ def test_dpo_weights_and_denominator_split_a_batch_into_micro_batches():
     pc = torch.tensor([1.0, -1.0, 0.5, 2.0])
     zeros = torch.zeros(4)
     full, _, _ = dpo_loss(pc, zeros, zeros, zeros, beta=0.5)
-    halves = [dpo_loss(pc[i : i + 2], zeros[:2], zeros[:2], zeros[:2], beta=0.5, denominator=4)[0] for i in (0, 2)]
+    halves = [dpo_loss(pc[i : i + 2], zeros[:2], zeros[:2], zeros[:2], beta=0.5, denominator=4)[0]
+              for i in (0, 2)]
     torch.testing.assert_close(halves[0] + halves[1], full)
     # weight 0 removes a pair from the sum but not from the denominator: (l0 + l1 + l3) / 4
     w = torch.tensor([1.0, 1.0, 0.0, 1.0])

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 def stages() -> dict[str, str]:
     text = (DEPLOY / "Dockerfile").read_text()
     parts = re.split(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", text, flags=re.MULTILINE)
-    return dict(zip(parts[1::2], parts[2::2]))
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def test_gpu_and_cpu_targets():

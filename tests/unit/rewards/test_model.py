@@ -24,7 +24,7 @@ def direct_scores(texts, keep_last=None):
 def test_batched_padded_scores_equal_one_forward_pass_each():
     scorer = ModelScorer("tiny", batch_size=2, max_length=512, device="cpu")
     result = scorer.score(PROMPTS, COMPLETIONS)
-    expected = direct_scores([p + c for p, c in zip(PROMPTS, COMPLETIONS)])
+    expected = direct_scores([p + c for p, c in zip(PROMPTS, COMPLETIONS, strict=True)])
     assert result.scores == pytest.approx(expected, abs=1e-5)
     assert result.truncated == 0
     assert len(set(round(s, 6) for s in result.scores)) == 3  # not a constant head
@@ -33,7 +33,7 @@ def test_batched_padded_scores_equal_one_forward_pass_each():
 def test_long_inputs_keep_their_last_tokens_and_are_counted():
     scorer = ModelScorer("tiny", batch_size=4, max_length=16, device="cpu")
     prompts, completions = ["Hi", PROMPTS[0], PROMPTS[2]], [" yo", COMPLETIONS[0], COMPLETIONS[2]]
-    texts = [p + c for p, c in zip(prompts, completions)]
+    texts = [p + c for p, c in zip(prompts, completions, strict=True)]
     # byte-level tokenizer, one token per byte: 5, 35 and 39 tokens, so the last two exceed 16
     assert [len(t.encode()) for t in texts] == [5, 35, 39]
     result = scorer.score(prompts, completions)

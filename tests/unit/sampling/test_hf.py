@@ -47,7 +47,7 @@ def test_logprobs_are_the_sampled_tokens_under_the_temperature(tiny):
     prompts = encode_prompts(tokenizer, ["hi", "a much longer prompt, so the batch is padded"], cfg.model)
     groups = backend.generate(prompts, 3, sampling)
     assert backend.version == 3 and [len(g) for g in groups] == [3, 3]
-    for prompt, group in zip(prompts, groups):
+    for prompt, group in zip(prompts, groups, strict=True):
         for c in group:
             assert len(c.logprobs) == len(c.token_ids) > 0
             assert (c.finish == "stop") == (c.token_ids[-1] == tokenizer.eos_token_id)
@@ -129,16 +129,18 @@ def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
     sampling = SamplingConfig(temperature=0.8, max_new_tokens=8)
     generator = torch.Generator().manual_seed(3)
     for version in (1, 2):
-        pushed = {n: 0.3 * torch.randn(t.shape, generator=generator) for n, t in backend.named_tensors().items()}
+        pushed = {n: 0.3 * torch.randn(t.shape, generator=generator)
+                  for n, t in backend.named_tensors().items()}
         backend.apply_weights(pushed, version=version)
         reference.load_state_dict(pushed, strict=False)
         assert any(not torch.equal(base_weights()[n], pristine[n]) for n in pristine)  # merged in
-        for prompt, group in zip(prompts, backend.generate(prompts, 2, sampling)):
+        for prompt, group in zip(prompts, backend.generate(prompts, 2, sampling), strict=True):
             for c in group:
                 full = torch.tensor([prompt + c.token_ids])
                 with torch.no_grad():
                     logits = reference(input_ids=full).logits[0, len(prompt) - 1:-1].float()
                 expected = torch.log_softmax(logits / 0.8, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
-                torch.testing.assert_close(torch.tensor(c.logprobs), expected[:, 0], atol=LOGPROB_ATOL, rtol=0)
+                torch.testing.assert_close(torch.tensor(c.logprobs), expected[:, 0], atol=LOGPROB_ATOL,
+                                           rtol=0)
     backend.apply_weights({n: torch.zeros_like(t) for n, t in backend.named_tensors().items()}, version=3)
     assert all(torch.equal(base_weights()[n], pristine[n]) for n in pristine)

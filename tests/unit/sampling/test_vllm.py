@@ -64,7 +64,7 @@ def test_vllm_backend_logprobs_and_weight_pushes(tmp_path):
     reference.load_state_dict(weights)
     backend.apply_weights(weights, version=1)
     prompts = encode_prompts(tokenizer, ["hello", "a longer prompt"], cfg.model)
-    for prompt, group in zip(prompts, backend.generate(prompts, 3, cfg.generator.sampling)):
+    for prompt, group in zip(prompts, backend.generate(prompts, 3, cfg.generator.sampling), strict=True):
         assert len(group) == 3
         for c in group:
             full = torch.tensor([prompt + c.token_ids])
