@@ -45,14 +45,18 @@ log = logging.getLogger("asyncrlhf.learner")
 
 class Learner:
     def __init__(self, cfg: Config, stop: threading.Event | None = None, resume: bool = True):
-        self.cfg, self.stop = cfg, stop or threading.Event()
         set_threads(cfg.learner.threads)
         self.rank, self.world = engine.init_distributed()
+        # A user DeepSpeed JSON wins for what it sets (stage, sizes, optimizer): the rest follows it.
+        cfg = cfg.model_copy(update={"learner": engine.effective_learner(cfg.learner)})
+        self.cfg, self.stop = cfg, stop or threading.Event()
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model)
         self.objective = make_objective(cfg)
         models = build_models(cfg, self.objective)
         self.policy, self.value = models.policy, models.value
+        if self.rank == 0:
+            log.info("deepspeed in effect: %s", engine.effective_settings(self.policy, cfg.learner))
         self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=self.objective,
                                pad_id=self.tokenizer.pad_token_id, rank=self.rank, world=self.world)
         self.state = self._resume() if resume else checkpoint.LearnerState()
