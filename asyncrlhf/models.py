@@ -185,13 +185,20 @@ def build_tiny_tokenizer():
     return tokenizer
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str], cfg: ModelConfig) -> list[list[int]]:
-    """Prompt token ids: chat template applied when the tokenizer has one; left-truncated."""
+def encode_prompts(
+    tokenizer, prompts: Sequence[str | list[dict[str, str]]], cfg: ModelConfig
+) -> list[list[int]]:
+    """Prompt token ids: chat template applied when the tokenizer has one (always for a chat `messages`
+    prompt; `model.system_prompt` first when the messages have no system message); left-truncated."""
     out = []
     for prompt in prompts:
-        if cfg.apply_chat_template and tokenizer.chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            if cfg.system_prompt:
+        chat = not isinstance(prompt, str)
+        if chat or (cfg.apply_chat_template and tokenizer.chat_template):
+            if not tokenizer.chat_template:
+                raise ValueError("chat `messages` prompts need a tokenizer with a chat template; this one "
+                                 "has none: use a chat model, or string prompts")
+            messages = list(prompt) if chat else [{"role": "user", "content": prompt}]
+            if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": cfg.system_prompt})
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,13 +1,15 @@
-"""Prompt sources: the shipped demo task, or the user's JSONL files (`task.name: jsonl`)."""
+"""Prompt sources: the shipped demo task, the user's JSONL files (`task.name: jsonl`), or Hugging Face
+datasets (`task.name: hf`, `tasks/hf.py`). A prompt is a string or a chat `messages` list."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf.config import TaskConfig
 from asyncrlhf.tasks import demo
+from asyncrlhf.tasks.hf import HFTaskError, Prompt
 
 
 class TaskError(ValueError):
@@ -16,8 +18,16 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    train: list[str]
-    eval: list[str]
+    train: list[Prompt]
+    eval: list[Prompt]
+    train_references: list[str | None] = field(default_factory=list)  # aligned with `train`; empty: none
+
+
+def plain_text(prompt: Prompt) -> str:
+    """A prompt as one string for scorers and logs: a chat prompt's last user message."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), prompt[-1]["content"])
 
 
 def load_task(cfg: TaskConfig) -> Task:
@@ -29,7 +39,16 @@ def load_task(cfg: TaskConfig) -> Task:
         train = read_jsonl_prompts(Path(cfg.train_path), cfg.prompt_field)
         held_out = read_jsonl_prompts(Path(cfg.eval_path), cfg.prompt_field) if cfg.eval_path else []
         return Task(train=train, eval=held_out)
-    raise TaskError(f"unknown task `{cfg.name}`; use `demo` or `jsonl`")
+    if cfg.name == "hf":
+        from asyncrlhf.tasks import hf
+
+        try:
+            train, references = hf.load_split(cfg, cfg.split)
+            held_out = hf.load_split(cfg, cfg.eval_split)[0] if cfg.eval_split else []
+        except HFTaskError as err:
+            raise TaskError(str(err)) from None
+        return Task(train=train, eval=held_out, train_references=references if cfg.reference_field else [])
+    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `jsonl` or `hf`")
 
 
 def read_jsonl_prompts(path: Path, field: str) -> list[str]:
