@@ -76,6 +76,10 @@ class TaskConfig(Section):
     )
     revision: str | None = Field(None, description="Task `hf` from the hub: the dataset commit to pin.")
     max_examples: int | None = Field(None, ge=1, description="Use only the first rows of each split.")
+    too_long: Literal["truncate", "fail", "skip"] = Field(
+        "truncate", description="A prompt longer than model.max_prompt_tokens: keep its last tokens, fail at "
+        "start naming its row, or skip it (counted in the log).",
+    )
     on_bad_row: Literal["fail", "skip"] = Field(
         "fail", description="A row with a missing or wrong-typed field: fail at start naming it, or skip it "
         "(skipped rows are counted in the log).",

@@ -4,12 +4,15 @@ datasets (`task.name: hf`, `tasks/hf.py`). A prompt is a string or a chat `messa
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf.config import TaskConfig
 from asyncrlhf.tasks import demo
 from asyncrlhf.tasks.hf import HFTaskError, Prompt
+
+log = logging.getLogger("asyncrlhf.tasks")
 
 
 class TaskError(ValueError):
@@ -21,6 +24,30 @@ class Task:
     train: list[Prompt]
     eval: list[Prompt]
     train_references: list[str | None] = field(default_factory=list)  # aligned with `train`; empty: none
+
+
+def fit_prompts(task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConfig) -> Task:
+    """Apply `task.too_long` to training prompts whose (untruncated) token ids exceed `max_tokens`: keep
+    them (the encoder keeps their last tokens), fail naming the first, or drop them. `ids` align with
+    `task.train`."""
+    long = [i for i, x in enumerate(ids) if len(x) > max_tokens]
+    if not long or cfg.too_long == "truncate":
+        if long:
+            log.info("%d of %d prompts exceed model.max_prompt_tokens=%d: their last tokens are kept",
+                     len(long), len(ids), max_tokens)
+        return task
+    where = f"{cfg.dataset or cfg.train_path or cfg.name}, row {long[0]}, field `{cfg.prompt_field}`"
+    if cfg.too_long == "fail":
+        raise TaskError(f"{where}: the prompt is {len(ids[long[0]])} tokens, over model.max_prompt_tokens="
+                        f"{max_tokens} ({len(long)} such prompts); raise the limit, or set task.too_long to "
+                        "truncate or skip")
+    keep = [i for i in range(len(ids)) if i not in set(long)]
+    log.warning("skipped %d of %d prompts over model.max_prompt_tokens=%d (task.too_long=skip)", len(long),
+                len(ids), max_tokens)
+    if not keep:
+        raise TaskError(f"every prompt of {where.split(',')[0]} is over model.max_prompt_tokens={max_tokens}")
+    refs = [task.train_references[i] for i in keep] if task.train_references else []
+    return Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs)
 
 
 def plain_text(prompt: Prompt) -> str:

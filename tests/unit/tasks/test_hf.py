@@ -6,7 +6,7 @@ from datasets import Dataset, DatasetDict
 
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_tokenizer
-from asyncrlhf.tasks import TaskError, load_task, plain_text
+from asyncrlhf.tasks import TaskError, fit_prompts, load_task, plain_text
 
 pytestmark = pytest.mark.unit
 
@@ -91,3 +91,21 @@ def test_a_reference_that_does_not_match_the_pattern_names_the_row(tmp_path):
     with pytest.raises(TaskError, match=r"row 3: reference field `answer` does not match"):
         load_task(task(f"task.dataset={tmp_path}/d", "task.prompt_field=question",
                        "task.reference_field=answer", "task.reference_pattern='####\\s*(.+)$'").task)
+
+
+def test_a_prompt_over_the_window_fails_is_skipped_or_truncated(tmp_path, caplog):
+    rows = [{"prompt": "short"}, {"prompt": "x" * 200}, {"prompt": "fine"}]
+    Dataset.from_list(rows).save_to_disk(tmp_path / "d")
+    base = [f"task.dataset={tmp_path}/d", "model.max_prompt_tokens=64", "model.apply_chat_template=false"]
+    tokenizer = load_tokenizer("tiny")
+
+    def fit(*overrides):
+        cfg = task(*base, *overrides)
+        t = load_task(cfg.task)
+        whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})
+        return fit_prompts(t, encode_prompts(tokenizer, t.train, whole), 64, cfg.task)
+
+    with pytest.raises(TaskError, match=r"row 1, field `prompt`: the prompt is \d+ tokens, over model"):
+        fit("task.too_long=fail")
+    assert fit("task.too_long=skip").train == ["short", "fine"] and "skipped 1 of 3 prompts" in caplog.text
+    assert len(fit().train) == 3  # truncate (the default): kept, their last tokens
