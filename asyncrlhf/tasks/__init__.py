@@ -24,6 +24,7 @@ class Task:
     train: list[Prompt]
     eval: list[Prompt]
     train_references: list[str | None] = field(default_factory=list)  # aligned with `train`; empty: none
+    eval_references: list[str | None] = field(default_factory=list)  # aligned with `eval`; empty: none
 
 
 def fit_prompts(task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConfig) -> Task:
@@ -47,7 +48,8 @@ def fit_prompts(task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConf
     if not keep:
         raise TaskError(f"every prompt of {where.split(',')[0]} is over model.max_prompt_tokens={max_tokens}")
     refs = [task.train_references[i] for i in keep] if task.train_references else []
-    return Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs)
+    return Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs,
+                eval_references=task.eval_references)
 
 
 def plain_text(prompt: Prompt) -> str:
@@ -71,10 +73,12 @@ def load_task(cfg: TaskConfig) -> Task:
 
         try:
             train, references = hf.load_split(cfg, cfg.split)
-            held_out = hf.load_split(cfg, cfg.eval_split)[0] if cfg.eval_split else []
+            held_out, eval_refs = hf.load_split(cfg, cfg.eval_split) if cfg.eval_split else ([], [])
         except HFTaskError as err:
             raise TaskError(str(err)) from None
-        return Task(train=train, eval=held_out, train_references=references if cfg.reference_field else [])
+        if not cfg.reference_field:
+            references, eval_refs = [], []
+        return Task(train=train, eval=held_out, train_references=references, eval_references=eval_refs)
     raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `jsonl` or `hf`")
 
 
