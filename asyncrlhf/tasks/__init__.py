@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +22,8 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    train: list[Prompt]
-    eval: list[Prompt]
+    train: Sequence[Prompt]
+    eval: Sequence[Prompt]
     train_references: list[str | None] = field(default_factory=list)  # aligned with `train`; empty: none
     eval_references: list[str | None] = field(default_factory=list)  # aligned with `eval`; empty: none
 
@@ -69,17 +70,21 @@ def load_task(cfg: TaskConfig) -> Task:
         held_out = read_jsonl_prompts(Path(cfg.eval_path), cfg.prompt_field) if cfg.eval_path else []
         return Task(train=train, eval=held_out)
     if cfg.name == "hf":
-        from asyncrlhf.tasks import hf
-
-        try:
-            train, references = hf.load_split(cfg, cfg.split)
-            held_out, eval_refs = hf.load_split(cfg, cfg.eval_split) if cfg.eval_split else ([], [])
-        except HFTaskError as err:
-            raise TaskError(str(err)) from None
-        if not cfg.reference_field:
-            references, eval_refs = [], []
-        return Task(train=train, eval=held_out, train_references=references, eval_references=eval_refs)
+        return _load_hf(cfg)
     raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `jsonl` or `hf`")
+
+
+def _load_hf(cfg: TaskConfig) -> Task:
+    from asyncrlhf.tasks import hf
+
+    try:
+        train, references = hf.load_split(cfg, cfg.split)
+        held_out, eval_refs = hf.load_split(cfg, cfg.eval_split) if cfg.eval_split else ([], [])
+    except HFTaskError as err:
+        raise TaskError(str(err)) from None
+    if not cfg.reference_field:
+        references, eval_refs = [], []
+    return Task(train=train, eval=held_out, train_references=references, eval_references=eval_refs)
 
 
 def read_jsonl_prompts(path: Path, field: str) -> list[str]:
