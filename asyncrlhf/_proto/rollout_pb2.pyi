@@ -17,7 +17,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class PromptGroup(_message.Message):
-    __slots__ = ("group_id", "prompt", "prompt_token_ids", "k", "enqueued_at", "learner_version", "dataset_index", "epoch")
+    __slots__ = ("group_id", "prompt", "prompt_token_ids", "k", "enqueued_at", "learner_version", "dataset_index", "epoch", "reference")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class PromptGroup(_message.Message):
     LEARNER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DATASET_INDEX_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -34,7 +35,8 @@ class PromptGroup(_message.Message):
     learner_version: int
     dataset_index: int
     epoch: int
-    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    reference: str
+    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ..., reference: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("completion_token_ids", "logprobs", "finish_reason", "text", "reward", "reward_components")

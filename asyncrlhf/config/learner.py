@@ -111,6 +111,9 @@ class LearnerBase(Section):
     push_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     push_chunk_bytes: int = Field(4 << 20, ge=1024)
     push_timeout_s: float = Field(60.0, gt=0)
+    push_max_failures: int = Field(
+        20, ge=1, description="Transient push failures in a row to a live generator before the learner stops."
+    )
     checkpoint_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     data_epochs: int = Field(1000, ge=1, description="Passes over the prompt set before stopping.")

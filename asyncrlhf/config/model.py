@@ -41,6 +41,10 @@ class ModelConfig(Section):
     max_prompt_tokens: int = Field(256, ge=1, description="Prompts are left-truncated to this many tokens.")
     tiny: TinyModelConfig = TinyModelConfig()
     allow_hub: bool = Field(False, description="Allow a hub model name (needs network); off: fail clearly.")
+    revision: str | None = Field(
+        None, description="A hub model's revision: pin a commit hash (a branch or tag is resolved at start, "
+        "and the commit used is what the run's saved config records).",
+    )
 
 
 class SamplingConfig(Section):
@@ -70,4 +74,7 @@ class GeneratorConfig(Section):
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0, description="vLLM: fraction of GPU memory.")
     vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int | None = Field(None, description="vLLM max sequence length (None: model's).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM: GPUs one generator replica shards the model over (replicas: copies)."
+    )
 

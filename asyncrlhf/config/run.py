@@ -4,6 +4,7 @@ launches the services on one machine."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -53,10 +54,36 @@ class RedisConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str = Field("demo", description="A shipped task (`demo`) or `jsonl`.")
+    name: str = Field("demo", description="A shipped task (`demo`), `jsonl`, or `hf` (HF datasets).")
     train_path: str | None = Field(None, description="JSONL with a `prompt` field (task `jsonl`).")
     eval_path: str | None = Field(None, description="JSONL of held-out prompts (task `jsonl`).")
-    prompt_field: str = "prompt"
+    prompt_field: str = Field(
+        "prompt", description="The prompt: a string, or a chat `messages` list of {role, content}."
+    )
+    dataset: str | None = Field(
+        None, description="Task `hf`: a hub name, a `save_to_disk` directory, or a .parquet/.json/.jsonl/"
+        ".csv file (a list of files joined by commas).",
+    )
+    subset: str | None = Field(None, description="Task `hf`: the hub dataset's configuration (e.g. `main`).")
+    split: str = Field("train", description="Task `hf`: the training split.")
+    eval_split: str | None = Field(None, description="Task `hf`: the held-out split (unset: none).")
+    reference_field: str | None = Field(
+        None, description="Task `hf`: the reference answer (string or number) that verifiable rewards use."
+    )
+    reference_pattern: str | None = Field(
+        None, description="Regex whose first group is the reference inside `reference_field` (e.g. GSM8k's "
+        "`####\\s*(.+)$`); unset: the whole field.",
+    )
+    revision: str | None = Field(None, description="Task `hf` from the hub: the dataset commit to pin.")
+    max_examples: int | None = Field(None, ge=1, description="Use only the first rows of each split.")
+    too_long: Literal["truncate", "fail", "skip"] = Field(
+        "truncate", description="A prompt longer than model.max_prompt_tokens: keep its last tokens, fail at "
+        "start naming its row, or skip it (counted in the log).",
+    )
+    on_bad_row: Literal["fail", "skip"] = Field(
+        "fail", description="A row with a missing or wrong-typed field: fail at start naming it, or skip it "
+        "(skipped rows are counted in the log).",
+    )
 
 
 class MetricsConfig(Section):

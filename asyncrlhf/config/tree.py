@@ -42,6 +42,19 @@ class Config(Section):
             self.run = self.run.model_copy(update={"token": os.environ["ASYNCRLHF_TOKEN"]})
         return self
 
+    @model_validator(mode="after")
+    def _tensor_parallel_fits(self) -> Config:
+        g, tp = self.generator, self.generator.tensor_parallel_size
+        if tp > 1 and g.backend != "vllm":
+            raise ValueError(f"generator.tensor_parallel_size={tp} needs generator.backend=vllm (the `hf` "
+                             "backend runs on one device)")
+        gpus = self.launch.gpus.get("generator")
+        given = len([d for d in str(gpus).split(",") if d.strip()]) if gpus is not None else tp
+        if given < tp:
+            raise ValueError(f"generator.tensor_parallel_size={tp} needs {tp} GPUs per generator replica, "
+                             f"but launch.gpus.generator={gpus!r} lists fewer")
+        return self
+
     def to_yaml(self) -> str:
         """The resolved config as YAML without its secrets (run.token, redis.password, a password in
         redis.url, a remote scorer's token), so it is safe to print and to write into run directories and

@@ -7,7 +7,8 @@ declares a `labels` parameter (or `**kwargs`) also receives per-item reference a
 carries them (OpenRLHF's `labels`); the consumer loop has none, so verifiable rules there read their
 reference from `args` (see `exact_match`).
 
-Shipped: `sentiment` (the demo task's gold reward), `length_penalty`, `regex_match`, `exact_match`.
+Shipped: `sentiment` (the demo task's gold reward), `length_penalty`, `regex_match`, `exact_match`,
+`math_answer` (GSM8k/MATH final answers, `rewards/math.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrlhf.rewards.base import ScorerConfigError, ScorerError, ScoreResult
+from asyncrlhf.rewards.math import math_score
 
 RuleFn = Callable[..., Any]
 RULES: dict[str, RuleFn] = {}
@@ -113,6 +115,22 @@ def exact_match(
             else 0.0
         )
     return out
+
+
+@rule("math_answer")
+def math_answer(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    labels: Sequence[str] | None = None,
+    *,
+    answers: Mapping[str, str] | None = None,
+    **_: Any,
+) -> list[float]:
+    """1.0 where the completion's final answer (boxed, `####`, "answer is", else the last number) equals the
+    reference's as a number or normalised text, else 0.0. Reference: the item's label (the task's
+    `reference_field`, carried with the prompt), else `answers[prompt]`."""
+    refs = [(labels[i] if labels else None) or (answers or {}).get(p) or "" for i, p in enumerate(prompts)]
+    return [math_score(c, r) for c, r in zip(completions, refs, strict=True)]
 
 
 def _compile(pattern: str) -> re.Pattern:

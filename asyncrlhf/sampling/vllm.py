@@ -126,6 +126,7 @@ class VLLMBackend:
         kwargs: dict[str, Any] = dict(
             model=str(model_dir), tokenizer=str(model_dir), dtype=g.vllm_dtype, seed=cfg.run.seed,
             gpu_memory_utilization=g.gpu_memory_utilization, max_model_len=g.max_model_len,
+            tensor_parallel_size=g.tensor_parallel_size,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
         )
         if lora.enabled:

@@ -145,6 +145,6 @@ def log_stage(cfg: Config, stage: str, **summary: Any) -> dict[str, Any]:
     return row
 
 
-def take(items: list, n: int) -> list:
+def take(items: Sequence, n: int) -> list:
     """The first n items (0: all)."""
-    return items[:n] if n else items
+    return list(items[:n] if n else items)

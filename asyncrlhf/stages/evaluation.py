@@ -24,7 +24,7 @@ from asyncrlhf.models import encode_prompts, load_policy
 from asyncrlhf.rewards import Item, build_reward
 from asyncrlhf.sampling.offline import Generation, PolicySampler, completion_token_logprobs, sampling_for
 from asyncrlhf.stages.common import StageError, read_jsonl, read_records, take, write_jsonl
-from asyncrlhf.tasks import load_task
+from asyncrlhf.tasks import load_task, plain_text
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,19 @@ class GoldEvaluation:
             "scorers": [ec.gold], "missing_eos_penalty": ec.missing_eos_penalty, "max_completion_tokens": None
         }))
         self.dataset_references = self._dataset_references()
+        self.labels: list[str | None] | None = None  # the task's reference answers (verifiable gold rewards)
         if self.dataset_references is not None:
             self.prompts = [g.prompt for g in self.dataset_references]
+            self.prompt_ids = encode_prompts(tokenizer, self.prompts, cfg.model)
         else:
-            held_out = load_task(cfg.task).eval
-            if not held_out:
-                raise StageError("the task has no held-out prompts: set task.eval_path (task `jsonl`)")
-            self.prompts = take(held_out, ec.num_prompts)
-        self.prompt_ids = encode_prompts(tokenizer, self.prompts, cfg.model)
+            task = load_task(cfg.task)
+            if not task.eval:
+                raise StageError("the task has no held-out prompts: set task.eval_path (task `jsonl`) or "
+                                 "task.eval_split (task `hf`)")
+            held_out = take(task.eval, ec.num_prompts)
+            self.prompts = [plain_text(p) for p in held_out]
+            self.prompt_ids = encode_prompts(tokenizer, held_out, cfg.model)  # chat prompts: the template
+            self.labels = take(task.eval_references, ec.num_prompts) or None
         self._references: list[Generation] | None = None
         self._reference_scores: torch.Tensor | None = None
 
@@ -109,8 +114,11 @@ class GoldEvaluation:
 
     def score(self, generations: Sequence[Generation]) -> torch.Tensor:
         """(B,) gold rewards."""
+        n = len(generations)
+        labels = self.labels if self.labels and len(self.labels) == n else [None] * n
         items = [Item(g.prompt, g.completion, ended_with_eos=g.finish == "stop",
-                      completion_tokens=len(g.completion_ids)) for g in generations]
+                      completion_tokens=len(g.completion_ids), label=label)
+                 for g, label in zip(generations, labels, strict=True)]
         return torch.tensor(self.gold.score(items).scores, dtype=torch.float64)
 
     # -- references --------------------------------------------------------------------------------------

@@ -1,13 +1,19 @@
-"""Prompt sources: the shipped demo task, or the user's JSONL files (`task.name: jsonl`)."""
+"""Prompt sources: the shipped demo task, the user's JSONL files (`task.name: jsonl`), or Hugging Face
+datasets (`task.name: hf`, `tasks/hf.py`). A prompt is a string or a chat `messages` list."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf.config import TaskConfig
 from asyncrlhf.tasks import demo
+from asyncrlhf.tasks.hf import HFTaskError, Prompt
+
+log = logging.getLogger("asyncrlhf.tasks")
 
 
 class TaskError(ValueError):
@@ -16,8 +22,42 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    train: list[str]
-    eval: list[str]
+    train: Sequence[Prompt]
+    eval: Sequence[Prompt]
+    train_references: list[str | None] = field(default_factory=list)  # aligned with `train`; empty: none
+    eval_references: list[str | None] = field(default_factory=list)  # aligned with `eval`; empty: none
+
+
+def fit_prompts(task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConfig) -> Task:
+    """Apply `task.too_long` to training prompts whose (untruncated) token ids exceed `max_tokens`: keep
+    them (the encoder keeps their last tokens), fail naming the first, or drop them. `ids` align with
+    `task.train`."""
+    long = [i for i, x in enumerate(ids) if len(x) > max_tokens]
+    if not long or cfg.too_long == "truncate":
+        if long:
+            log.info("%d of %d prompts exceed model.max_prompt_tokens=%d: their last tokens are kept",
+                     len(long), len(ids), max_tokens)
+        return task
+    where = f"{cfg.dataset or cfg.train_path or cfg.name}, row {long[0]}, field `{cfg.prompt_field}`"
+    if cfg.too_long == "fail":
+        raise TaskError(f"{where}: the prompt is {len(ids[long[0]])} tokens, over model.max_prompt_tokens="
+                        f"{max_tokens} ({len(long)} such prompts); raise the limit, or set task.too_long to "
+                        "truncate or skip")
+    keep = [i for i in range(len(ids)) if i not in set(long)]
+    log.warning("skipped %d of %d prompts over model.max_prompt_tokens=%d (task.too_long=skip)", len(long),
+                len(ids), max_tokens)
+    if not keep:
+        raise TaskError(f"every prompt of {where.split(',')[0]} is over model.max_prompt_tokens={max_tokens}")
+    refs = [task.train_references[i] for i in keep] if task.train_references else []
+    return Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs,
+                eval_references=task.eval_references)
+
+
+def plain_text(prompt: Prompt) -> str:
+    """A prompt as one string for scorers and logs: a chat prompt's last user message."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), prompt[-1]["content"])
 
 
 def load_task(cfg: TaskConfig) -> Task:
@@ -31,7 +71,22 @@ def load_task(cfg: TaskConfig) -> Task:
         train = read_jsonl_prompts(Path(cfg.train_path), cfg.prompt_field)
         held_out = read_jsonl_prompts(Path(cfg.eval_path), cfg.prompt_field) if cfg.eval_path else []
         return Task(train=train, eval=held_out)
-    raise TaskError(f"unknown task `{cfg.name}`; use `demo` or `jsonl`")
+    if cfg.name == "hf":
+        return _load_hf(cfg)
+    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `jsonl` or `hf`")
+
+
+def _load_hf(cfg: TaskConfig) -> Task:
+    from asyncrlhf.tasks import hf
+
+    try:
+        train, references = hf.load_split(cfg, cfg.split)
+        held_out, eval_refs = hf.load_split(cfg, cfg.eval_split) if cfg.eval_split else ([], [])
+    except HFTaskError as err:
+        raise TaskError(str(err)) from None
+    if not cfg.reference_field:
+        references, eval_refs = [], []
+    return Task(train=train, eval=held_out, train_references=references, eval_references=eval_refs)
 
 
 def read_jsonl_prompts(path: Path, field: str) -> list[str]:

@@ -8,7 +8,7 @@ varies (ties, stale groups), and the loss is already normalised by the whole ste
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -19,6 +19,7 @@ from torch import nn
 
 from asyncrlhf.config import LearnerConfig
 from asyncrlhf.redis_server import free_port
+from asyncrlhf.training import user_deepspeed
 from asyncrlhf.weights.codec import adapter_tensors
 
 
@@ -45,14 +46,28 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def deepspeed_config(cfg: LearnerConfig, total_steps: int) -> dict:
-    """The DeepSpeed config for `cfg`, or the user's own JSON (`learner.deepspeed.config_file`)."""
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def effective_learner(cfg: LearnerConfig) -> LearnerConfig:
+    """The learner section in effect: with a user DeepSpeed JSON, its values win (`user_deepspeed`), and
+    every one that replaces a different learner value is logged."""
+    if not cfg.deepspeed.config_file:
+        return cfg
+    user = user_deepspeed.resolve(cfg, world_size())
+    user_deepspeed.log_overrides(user)
+    return user.learner
+
+
+def deepspeed_config(cfg: LearnerConfig) -> dict:
+    """The DeepSpeed config for `cfg`, or the user's own JSON (`learner.deepspeed.config_file`) with its
+    "auto" values filled."""
     ds = cfg.deepspeed
     if ds.config_file:
-        path = Path(ds.config_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"learner.deepspeed.config_file {path} does not exist")
-        return json.loads(path.read_text())
+        return user_deepspeed.resolve(cfg, world_size()).config
     zero: dict = {"stage": ds.zero_stage}
     if ds.offload_optimizer and ds.zero_stage > 0:
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -94,21 +109,61 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> torc
 
 
 def initialize(model: nn.Module, cfg: LearnerConfig, lr: float | None = None):
-    """A DeepSpeed engine around `model` with AdamW and the configured schedule."""
+    """A DeepSpeed engine around `model`: the optimizer and scheduler of the user's JSON where it has them
+    (DeepSpeed builds them), else AdamW with `learner.lr` and the configured schedule."""
     import deepspeed
 
-    optimizer = make_optimizer(model, cfg, lr)
-    scheduler = make_scheduler(optimizer, cfg)
-    engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler,
-        config=deepspeed_config(cfg, cfg.total_steps),
-    )
+    config = deepspeed_config(cfg)
+    optimizer, params, scheduler = None, None, None
+    if "optimizer" in config:
+        _torch_adam_without_cuda(config)
+        params = [p for p in model.parameters() if p.requires_grad]
+    else:
+        optimizer = make_optimizer(model, cfg, lr)
+    if "scheduler" not in config:
+        scheduler = functools.partial(make_scheduler, cfg=cfg)  # DeepSpeed calls it with the optimizer
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer,
+                                      lr_scheduler=scheduler, config=config)
     return engine
+
+
+def _torch_adam_without_cuda(config: dict) -> None:
+    """DeepSpeed's Adam without CUDA and without offload would need the fused CUDA kernel: use torch's
+    AdamW/Adam with the same parameters instead (CPU offload keeps DeepSpeed's CPU Adam)."""
+    block = config["optimizer"]
+    offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
+    if torch.cuda.is_available() or offload not in (None, "none"):
+        return
+    if str(block.get("type", "")).lower() in ("adam", "adamw"):
+        block.setdefault("params", {}).setdefault("torch_adam", True)
+        block["params"].setdefault("foreach", False)
+
+
+def optimizer_of(engine) -> torch.optim.Optimizer:
+    """The optimizer that updates the weights (under ZeRO the engine's optimizer wraps it)."""
+    basic = getattr(engine, "basic_optimizer", None)
+    return basic if basic is not None else engine.optimizer
+
+
+def effective_settings(engine, cfg: LearnerConfig) -> str:
+    """One line for the start-up log: what is in effect, read from the engine and its optimizer."""
+    optimizer = optimizer_of(engine)
+    group = optimizer.param_groups[0]
+    precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+    scheduler = type(engine.lr_scheduler).__name__ if engine.lr_scheduler is not None else "none"
+    betas = tuple(group.get("betas", ())) or "-"
+    micro = engine.train_micro_batch_size_per_gpu()
+    return (f"ZeRO stage {engine.zero_optimization_stage()}, optimizer {type(optimizer).__name__} lr "
+            f"{group['lr']:g} betas {betas} eps {group.get('eps', '-')} weight_decay "
+            f"{group.get('weight_decay')}, scheduler {scheduler}, precision {precision}, micro-batch {micro}"
+            f" x {engine.world_size} ranks, gradient clipping {engine.gradient_clipping()}, offload "
+            f"optimizer {cfg.deepspeed.offload_optimizer}, config {cfg.deepspeed.config_file or 'generated'}")
 
 
 @contextlib.contextmanager
 def gathered(module: nn.Module, zero_stage: int) -> Iterator[None]:
-    """Under ZeRO-3 parameters are partitioned: gather them (read-only) for a push or a save."""
+    """Under ZeRO-3 parameters are partitioned: gather them all (read-only). Pushes and saves gather one
+    layer at a time (`full_state_dict`); this is for reading the whole model at once, as tests do."""
     if zero_stage < 3:
         yield
         return
@@ -119,9 +174,31 @@ def gathered(module: nn.Module, zero_stage: int) -> Iterator[None]:
 
 
 def full_state_dict(module: nn.Module, zero_stage: int, only_adapters: bool) -> dict[str, torch.Tensor]:
-    """The tensors generators need: every weight, or just LoRA adapters; detached CPU copies."""
-    with gathered(module, zero_stage):
+    """The tensors generators need: every weight, or just LoRA adapters; detached CPU copies.
+
+    Under ZeRO-3 every rank must call this (the gathers are collectives); it gathers one module's own
+    parameters at a time and copies them out before the next, so memory stays at one layer beyond the
+    partitions."""
+    if zero_stage < 3:
         state = module.state_dict()
         if only_adapters:
             state = adapter_tensors(state)
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+    import deepspeed
+
+    wanted = list(module.state_dict().keys())  # names only: partitioned parameters are empty here
+    if only_adapters:
+        wanted = [name for name in wanted if "lora_" in name]
+    wanted_set = set(wanted)
+    out: dict[str, torch.Tensor] = {}
+    for prefix, sub in module.named_modules():
+        own = [(f"{prefix}.{name}" if prefix else name, t)
+               for name, t in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]]
+        own = [(name, t) for name, t in own if name in wanted_set]
+        if not own:
+            continue
+        params = [t for _, t in own if isinstance(t, nn.Parameter)]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            for name, tensor in own:
+                out[name] = tensor.detach().to("cpu", copy=True)
+    return {name: out[name] for name in wanted}

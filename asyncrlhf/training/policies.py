@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrlhf.config import Config, ModelConfig, PPOLearnerConfig
-from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
+from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model, load_tokenizer
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import Objective
 
@@ -41,6 +41,17 @@ def build_models(cfg: Config, objective: Objective) -> LearnerModels:
     return LearnerModels(policy_engine, reference, value_engine)
 
 
+def check_same_tokenizer(policy: ModelConfig, reward_model: str) -> None:
+    """The value model reads the policy's token ids: a reward model with another vocabulary cannot start it.
+    (The reward *scorer* itself re-tokenises text with its own tokenizer, so any RM can score.)"""
+    mine, theirs = load_tokenizer(policy).get_vocab(), load_tokenizer(reward_model).get_vocab()
+    if mine != theirs:
+        raise ValueError(
+            f"learner.ppo.value_init=reward_model: the reward model {reward_model} has another tokenizer "
+            f"than the policy {policy.name_or_path} (vocabularies of {len(theirs)} and {len(mine)} tokens "
+            "differ), and the value model reads the policy's token ids; set learner.ppo.value_init=policy")
+
+
 def value_source(cfg: Config) -> ModelConfig | str:
     """What PPO's value model starts from: the policy (default) or the reward model's weights."""
     lc = cfg.learner
@@ -50,5 +61,6 @@ def value_source(cfg: Config) -> ModelConfig | str:
             raise ValueError(
                 "learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path"
             )
+        check_same_tokenizer(cfg.model, paths[0])
         return paths[0]
     return cfg.model

@@ -34,12 +34,14 @@ class PromptFeed:
         seed: int,
         data_epochs: int,
         cursor_key: str,
+        references: Sequence[str | None] = (),
     ):
         if not prompts:
             raise ValueError("the task has no training prompts")
         self.client, self.producer, self.credits = client, producer, credits
         self.prompts, self.prompt_ids = list(prompts), [list(p) for p in prompt_ids]
         self.k, self.seed, self.data_epochs, self.cursor_key = k, seed, data_epochs, cursor_key
+        self.references = list(references) or [None] * len(self.prompts)  # a verifiable reward's answers
         self._orders: dict[int, list[int]] = {}
 
     @property
@@ -69,6 +71,7 @@ class PromptFeed:
         return PromptGroup(
             group_id=f"g{cursor:08d}", prompt=self.prompts[index], prompt_token_ids=self.prompt_ids[index],
             k=self.k, enqueued_at=time.time(), learner_version=version, dataset_index=index, epoch=epoch,
+            reference=self.references[index] or "",
         )
 
     def fill(self, version: int) -> int:

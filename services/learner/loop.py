@@ -27,7 +27,7 @@ from asyncrlhf._proto.events_pb2 import (
 )
 from asyncrlhf.config import Config
 from asyncrlhf.metrics import make_app
-from asyncrlhf.models import load_tokenizer, set_threads
+from asyncrlhf.models import load_tokenizer, resolved_revision, set_threads
 from asyncrlhf.registry import Registry
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import EVENTS, RunStreams, connect
@@ -44,16 +44,31 @@ from services.learner.sync import WeightPublisher
 log = logging.getLogger("asyncrlhf.learner")
 
 
+def pin_revision(cfg: Config) -> Config:
+    """A hub model's revision as the commit it resolved to, so checkpoints' config.yaml records it."""
+    commit = resolved_revision(cfg.model)
+    if commit is None or commit == cfg.model.revision:
+        return cfg
+    log.info("model %s revision %s resolved to commit %s", cfg.model.name_or_path,
+             cfg.model.revision or "main", commit)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"revision": commit})})
+
+
 class Learner:
     def __init__(self, cfg: Config, stop: threading.Event | None = None, resume: bool = True):
-        self.cfg, self.stop = cfg, stop or threading.Event()
         set_threads(cfg.learner.threads)
         self.rank, self.world = engine.init_distributed()
+        # A user DeepSpeed JSON wins for what it sets (stage, sizes, optimizer): the rest follows it.
+        cfg = cfg.model_copy(update={"learner": engine.effective_learner(cfg.learner)})
+        cfg = pin_revision(cfg)
+        self.cfg, self.stop = cfg, stop or threading.Event()
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model)
         self.objective = make_objective(cfg)
         models = build_models(cfg, self.objective)
         self.policy, self.value = models.policy, models.value
+        if self.rank == 0:
+            log.info("deepspeed in effect: %s", engine.effective_settings(self.policy, cfg.learner))
         self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=self.objective,
                                pad_id=self.tokenizer.pad_token_id, rank=self.rank, world=self.world)
         self.state = self._resume() if resume else checkpoint.LearnerState()

@@ -35,7 +35,7 @@ from asyncrlhf.streams import (
     Delivery,
     RunStreams,
 )
-from asyncrlhf.tasks import load_task
+from asyncrlhf.tasks import fit_prompts, load_task, plain_text
 from asyncrlhf.training.batch import TrainGroup, validate_group
 from asyncrlhf.training.checkpoint import LearnerState
 from services.learner.feed import PromptFeed
@@ -69,8 +69,13 @@ class Schedule:
         self.consumed = ConsumedLog(cfg.run.path / CONSUMED_LOG)
         self.credits = streams.credits((cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step)
         task = load_task(cfg.task)
-        self.feed = PromptFeed(client, streams.producer(PROMPTS), self.credits, task.train,
+        whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})  # lengths before truncation
+        task = fit_prompts(task, encode_prompts(tokenizer, task.train, whole), cfg.model.max_prompt_tokens,
+                           cfg.task)
+        texts = [plain_text(p) for p in task.train]
+        self.feed = PromptFeed(client, streams.producer(PROMPTS), self.credits, texts,
                                encode_prompts(tokenizer, task.train, cfg.model),
+                               references=task.train_references,
                                k=cfg.generator.samples_per_prompt, seed=cfg.run.seed,
                                data_epochs=cfg.learner.data_epochs, cursor_key=streams.key(FEED_CURSOR))
         self._finished_key = streams.key(LEARNER_FINISHED)

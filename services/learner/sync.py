@@ -1,6 +1,11 @@
 """The learner's side of WeightSync: after a step, snapshot the weights generators need (every rank joins the
 gather under ZeRO-3) and push them to every live generator; between steps, bring a generator that joined
-late (or restarted) to the current version at once. Push outcomes become metrics and warnings."""
+late (or restarted) to the current version at once. Push outcomes become metrics and warnings.
+
+A push a generator refuses for a permanent reason (the learner's tensors do not fit its model: shape, dtype,
+names; or a wrong token) fails the learner at once with that reason: retrying cannot help. Transient failures
+(unreachable, a corrupted transfer, a lost race with a newer version) are retried, and a live generator that
+fails `learner.push_max_failures` pushes in a row fails the learner too."""
 
 from __future__ import annotations
 
@@ -17,6 +22,13 @@ from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
 LATE_SYNC_PERIOD_S = 0.5
+# The receiver's reasons (`asyncrlhf.weights.receiver.Reason`) that no retry can change.
+PERMANENT = {"unauthenticated", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "tensor_count",
+             "missing_tensors", "duplicate_tensor", "bad_offset"}
+
+
+class PushFailed(RuntimeError):
+    """A generator refused the learner's weights for good, or kept failing: the run cannot go on as it is."""
 
 
 class WeightPublisher:
@@ -27,6 +39,7 @@ class WeightPublisher:
         self._weights: dict[str, torch.Tensor] | None = None
         self._pushed: dict[str, tuple[int, float]] = {}  # generator id -> (version pushed, when)
         self._last_sync = 0.0
+        self._failures: dict[str, int] = {}  # generator id -> failed pushes in a row
 
     def publish(self, version: int) -> None:
         """Snapshot the weights of `version` (all ranks) and push them to every live generator (rank 0)."""
@@ -69,8 +82,22 @@ class WeightPublisher:
             if outcome.status == "ok":
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
                 self._pushed[target] = (self.version, time.monotonic())
+                self._failures.pop(target, None)
             else:
                 self.metrics.push_failures.labels(target, outcome.status).inc()
                 self._pushed[target] = (0, time.monotonic())
-                log.warning("push of version %d to %s %s: %s %s", self.version, target, outcome.status,
-                            outcome.code, outcome.detail)
+                self._failed(outcome)
+
+    def _failed(self, outcome) -> None:
+        target, reason = outcome.target, outcome.detail.split(":", 1)[0].strip()
+        what = (f"push of version {self.version} to generator {target.id} ({target.address}) "
+                f"{outcome.status}: {outcome.code} {outcome.detail}")
+        if outcome.status == "rejected" and (reason in PERMANENT or outcome.code == "UNAUTHENTICATED"):
+            raise PushFailed(f"{what}. The generator cannot take these weights: check that it serves the "
+                             "same model (and LoRA settings) as the learner and the same run.token.")
+        failures = self._failures[target.id] = self._failures.get(target.id, 0) + 1
+        limit = self.cfg.learner.push_max_failures
+        if failures >= limit:
+            raise PushFailed(f"{what}; {failures} failed pushes in a row to a generator that stays "
+                             f"registered (learner.push_max_failures={limit}): check its log and network.")
+        log.warning("%s (failure %d of at most %d in a row; retrying)", what, failures, limit)

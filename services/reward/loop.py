@@ -32,7 +32,8 @@ from services.reward.metrics import RewardMetrics
 def items_of(group: RolloutGroup) -> list[Item]:
     """The group's samples as scoring items (a missing EOS is any finish reason but `stop`)."""
     return [
-        Item(group.prompt.prompt, s.text, s.finish_reason == FINISH_REASON_STOP, len(s.completion_token_ids))
+        Item(group.prompt.prompt, s.text, s.finish_reason == FINISH_REASON_STOP, len(s.completion_token_ids),
+             group.prompt.reference or None)
         for s in group.samples
     ]
 

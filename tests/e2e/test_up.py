@@ -18,8 +18,8 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def up(tmp_path, *overrides, **popen):
-    cmd = [sys.executable, "-m", "asyncrlhf.cli", "up", "configs/tiny.yaml", f"run.dir={tmp_path}/run",
+def up(tmp_path, *overrides, config="configs/tiny.yaml", **popen):
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "up", config, f"run.dir={tmp_path}/run",
            f"run.name=e2e-{tmp_path.name}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,0 +1,69 @@
+"""The learner's weight publisher against real WeightSync receivers (real gRPC, real Redis registry): a
+permanent refusal fails the learner at once with the receiver's reason; transient failures are retried up
+to `learner.push_max_failures` in a row."""
+
+from types import SimpleNamespace
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asyncrlhf.config import load_config
+from asyncrlhf.redis_server import free_port
+from asyncrlhf.registry import Registry
+from services.learner.metrics import LearnerMetrics
+from services.learner.sync import PushFailed, WeightPublisher
+from tests.integration.weights.helpers import TOKEN, Generator, tiny_model
+
+pytestmark = pytest.mark.integration
+
+
+def publisher(redis_client, redis_url, run_name, module, *overrides):
+    cfg = load_config(["configs/tiny.yaml"], [f"redis.url={redis_url}", f"run.name={run_name}", *overrides])
+    registry = Registry(redis_client, run_name, ttl_s=30)
+    policy = SimpleNamespace(module=module)  # what the publisher reads of a ZeRO-0 engine
+    return WeightPublisher(cfg, policy, 0, registry, LearnerMetrics()), registry
+
+
+@pytest.fixture
+def generator():
+    gen = Generator(token=TOKEN)
+    yield gen
+    gen.stop()
+
+
+def test_a_shape_mismatch_fails_the_learner_at_once(redis_client, redis_url, run_name, generator):
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4))
+    pub, registry = publisher(redis_client, redis_url, run_name, other, f"run.token={TOKEN}")
+    registry.register("g0", generator.address, 0)
+    with pytest.raises(PushFailed, match=r"g0 .*rejected: INVALID_ARGUMENT shape_mismatch.*same model"):
+        pub.publish(1)
+    assert generator.receiver.version == 0  # the generator kept its weights
+    pub.close()
+
+
+def test_a_wrong_token_fails_the_learner_at_once(redis_client, redis_url, run_name, generator):
+    pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "run.token=wrong")
+    registry.register("g0", generator.address, 0)
+    with pytest.raises(PushFailed, match="UNAUTHENTICATED.*run.token"):
+        pub.publish(1)
+    pub.close()
+
+
+def test_the_same_weights_are_accepted(redis_client, redis_url, run_name, generator):
+    pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), f"run.token={TOKEN}")
+    registry.register("g0", generator.address, 0)
+    pub.publish(1)
+    assert generator.receiver.version == 1
+    pub.close()
+
+
+def test_an_unreachable_live_generator_is_retried_up_to_the_bound(redis_client, redis_url, run_name):
+    pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "learner.push_max_failures=3",
+                              "learner.push_timeout_s=5")
+    registry.register("g0", f"127.0.0.1:{free_port()}", 0)  # registered, but nothing listens there
+    pub.publish(1)
+    pub.publish(2)  # two transient failures: warned and retried
+    with pytest.raises(PushFailed, match=r"unreachable: UNAVAILABLE.*3 failed pushes in a row.*failures=3"):
+        pub.publish(3)
+    pub.close()
