@@ -255,7 +255,7 @@ class Launcher:
 
     def _prepare_model(self) -> None:
         """Convert a GGUF once here, so the services do not all convert it at the same time."""
-        from asyncrlhf.models import resolve_model_dir
+        from asyncrlhf.model_sources import resolve_model_dir
 
         resolve_model_dir(self.cfg.model)
 

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from asyncrlhf.config import Config, LoraConfig, ModelConfig, SamplingConfig
-from asyncrlhf.models import load_policy, resolve_model_dir, wrap_lora
+from asyncrlhf.model_sources import resolve_model_dir
+from asyncrlhf.models import load_policy, wrap_lora
 from asyncrlhf.sampling import Completion
 from asyncrlhf.weights.codec import adapter_tensors
 

@@ -27,7 +27,8 @@ from asyncrlhf._proto.events_pb2 import (
 )
 from asyncrlhf.config import Config
 from asyncrlhf.metrics import make_app
-from asyncrlhf.models import load_tokenizer, resolved_revision, set_threads
+from asyncrlhf.model_sources import resolved_revision
+from asyncrlhf.models import load_tokenizer, set_threads
 from asyncrlhf.registry import Registry
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import EVENTS, RunStreams, connect

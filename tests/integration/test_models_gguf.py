@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from asyncrlhf.config import ModelConfig
-from asyncrlhf.models import PACKAGED_MODELS, encode_prompts, load_policy, load_tokenizer, resolve_model_dir
+from asyncrlhf.model_sources import PACKAGED_MODELS, resolve_model_dir
+from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,7 +16,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 PROBE = """
 from asyncrlhf.config import ModelConfig
-from asyncrlhf.models import load_policy, resolved_revision
+from asyncrlhf.model_sources import resolved_revision
+from asyncrlhf.models import load_policy
 cfg = ModelConfig(name_or_path="acme/tiny-chat", allow_hub=True, revision={revision!r})
 print(resolved_revision(cfg), sum(p.numel() for p in load_policy(cfg).parameters()))
 """
