@@ -19,7 +19,7 @@ def stages() -> dict[str, str]:
 
 
 def test_gpu_and_cpu_targets():
-    assert set(stages()) == {"gpu", "cpu"}
+    assert set(stages()) == {"gpu", "requirements", "cpu"}
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:\S+devel", text, flags=re.MULTILINE)
     assert "vllm" in stages()["gpu"] and "deepspeed" in stages()["gpu"]
@@ -42,7 +42,7 @@ def test_no_docker_hub_only_syntax_and_base_images_and_torch_index_are_build_arg
     syntax = re.search(r"^#\s*syntax\s*=", text, flags=re.MULTILINE | re.IGNORECASE)
     assert not syntax, "a `# syntax=` line pulls a frontend image from Docker Hub"
     froms = re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE)
-    assert froms == ["${CUDA_IMAGE}", "${PYTHON_IMAGE}"]
+    assert froms == ["${CUDA_IMAGE}", "${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
     cpu = stages()["cpu"]
     assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", cpu, flags=re.MULTILINE)
     assert '--index-url "${TORCH_INDEX_URL}"' in cpu
@@ -70,7 +70,10 @@ def test_cpu_layers_keep_torch_and_dependencies_below_the_code_and_prebuild_deep
     op = cpu.index("build_shm_op()")
     code = cpu.index("COPY asyncrlhf ")
     assert torch < deps < op < code < cpu.index("USER asyncrlhf")
-    assert "COPY pyproject.toml /tmp/asyncrlhf/pyproject.toml" in cpu[:deps], "deps depend on pyproject only"
+    # the dependency list alone (not the rest of pyproject.toml) keys the dependency layers
+    assert "COPY --from=requirements /requirements.txt" in cpu[:deps]
+    assert "COPY pyproject.toml" not in cpu[:op]
+    assert "source=deploy/wheelhouse/torch," in cpu[:torch + 200], "torch's layer mounts only torch's wheel"
     owned = re.search(r'chown -R asyncrlhf:asyncrlhf "\$\{TORCH_EXTENSIONS_DIR\}"', cpu)
     assert owned, "the learner (uid 1000) takes a lock file there when it loads the op"
     assert "TORCH_EXTENSIONS_DIR=/opt/venv/torch_extensions" in cpu
