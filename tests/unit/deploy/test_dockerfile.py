@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 def stages() -> dict[str, str]:
     text = (DEPLOY / "Dockerfile").read_text()
     parts = re.split(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", text, flags=re.MULTILINE)
-    return dict(zip(parts[1::2], parts[2::2]))
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def test_gpu_and_cpu_targets():
@@ -63,16 +63,17 @@ def test_pip_settings_and_the_ca_bundle_can_be_handed_to_every_pip_install(targe
         assert "--mount=type=secret,id=pip_cert" in run and "PIP_CERT=/run/secrets/pip_cert" in run, run
 
 
-def test_cpu_layers_keep_torch_and_dependencies_below_the_code_and_prebuild_deepspeeds_op():
+def test_cpu_layers_keep_torch_deepspeed_and_dependencies_below_the_code_and_prebuild_deepspeeds_op():
     cpu = stages()["cpu"]
     torch = cpu.index('"torch==${TORCH_VERSION}"')
     deps = cpu.index("-r /tmp/asyncrlhf/requirements.txt")
     op = cpu.index("build_shm_op()")
     code = cpu.index("COPY asyncrlhf ")
-    assert torch < deps < op < code < cpu.index("USER asyncrlhf")
+    assert torch < op < deps < code < cpu.index("USER asyncrlhf")
     # the dependency list alone (not the rest of pyproject.toml) keys the dependency layers
     assert "COPY --from=requirements /requirements.txt" in cpu[:deps]
-    assert "COPY pyproject.toml" not in cpu[:op]
+    assert "COPY pyproject.toml" not in cpu[:deps]
+    assert "source=deploy/wheelhouse/deepspeed," in cpu[torch:op], "DeepSpeed's layer mounts only its wheels"
     assert "source=deploy/wheelhouse/torch," in cpu[:torch + 200], "torch's layer mounts only torch's wheel"
     owned = re.search(r'chown -R asyncrlhf:asyncrlhf "\$\{TORCH_EXTENSIONS_DIR\}"', cpu)
     assert owned, "the learner (uid 1000) takes a lock file there when it loads the op"
