@@ -68,6 +68,7 @@ REWARD_DUPLICATE_GROUPS_TOTAL = _metric("reward", "duplicate_groups", "total")
 
 LEARNER_VERSION = _metric("learner", "version")
 LEARNER_STEPS_TOTAL = _metric("learner", "steps", "total")
+LEARNER_SKIPPED_STEPS_TOTAL = _metric("learner", "skipped_steps", "total")  # label: reason
 LEARNER_SAMPLES_TOTAL = _metric("learner", "samples", "total")
 LEARNER_TOKENS_TOTAL = _metric("learner", "tokens", "total")
 LEARNER_GROUPS_TOTAL = _metric("learner", "groups", "total")  # label: outcome

@@ -38,7 +38,7 @@ from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.policies import build_models
 from asyncrlhf.training.trainer import Trainer
 from services.learner.broadcast import broadcast_groups
-from services.learner.metrics import LearnerMetrics
+from services.learner.metrics import LearnerMetrics, step_summary
 from services.learner.schedule import Schedule, StepBatch
 from services.learner.sync import WeightPublisher
 
@@ -142,8 +142,8 @@ class Learner:
         ids = [g.message.group_id for g in groups]
         self._emit(EVENT_KIND_GROUPS_TRAINED, group_ids=ids, values=stats)
         self._maybe_checkpoint()
-        log.info("step %d version %d loss %.4f reward %.3f", self.state.steps, self.state.version,
-                 stats.get("loss", float("nan")), stats["reward_mean"])
+        log.info("step %d version %d %s reward %.3f", self.state.steps, self.state.version,
+                 step_summary(stats), stats["reward_mean"])
 
     # -- events and checkpoints --------------------------------------------------------------------------
 

@@ -10,12 +10,29 @@ from asyncrlhf.training.batch import TrainGroup
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 
 
+def skip_reason(stats: dict[str, float]) -> str:
+    """Why a step trained on nothing: every pair of online DPO tied, or no row was selected at all."""
+    return "all_pairs_tied" if stats.get("ties_skipped") else "nothing_selected"
+
+
+def step_summary(stats: dict[str, float]) -> str:
+    """The loss part of the learner's step log line: a number, or why there is none (never `nan`)."""
+    if stats.get("skipped_step"):
+        if skip_reason(stats) == "all_pairs_tied":
+            return f"skipped: all pairs tied (ties: {int(stats['ties_skipped'])})"
+        return "skipped: nothing selected to train on"
+    return f"loss {stats['loss']:.4f}"
+
+
 class LearnerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.version = Gauge(names.LEARNER_VERSION, "Policy version the learner holds (steps + 1).",
                              registry=r)
         self.steps = Counter(names.LEARNER_STEPS_TOTAL, "Optimizer steps taken.", registry=r)
+        self.skipped = Counter(names.LEARNER_SKIPPED_STEPS_TOTAL,
+                               "Steps with nothing to train on (every pair tied), by reason.", ["reason"],
+                               registry=r)
         self.samples = Counter(names.LEARNER_SAMPLES_TOTAL, "Sequences trained on.", registry=r)
         self.tokens = Counter(names.LEARNER_TOKENS_TOTAL, "Completion tokens trained on.", registry=r)
         self.groups = Counter(names.LEARNER_GROUPS_TOTAL, "Prompt groups consumed, by outcome.", ["outcome"],
@@ -58,6 +75,8 @@ class LearnerMetrics:
         self.tokens.inc(stats.get("tokens", 0))
         self.groups.labels("trained").inc(len(groups))
         self.reward.set(stats["reward_mean"])
+        if stats.get("skipped_step"):
+            self.skipped.labels(skip_reason(stats)).inc()
         if "loss" in stats:
             self.loss.set(stats["loss"])
         if "kl" in stats:

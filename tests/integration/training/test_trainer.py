@@ -5,12 +5,14 @@ import pytest
 import torch
 
 from asyncrlhf import algorithms as A
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
 from asyncrlhf.training import engine
 from asyncrlhf.training.batch import build_batch
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.trainer import Trainer
+from services.learner.metrics import LearnerMetrics, step_summary
 from tests.integration.learner.groups import scored_groups, train_groups
 
 pytestmark = pytest.mark.integration
@@ -66,6 +68,20 @@ def test_online_dpo_skips_and_counts_ties():
     stats = trainer.train_step(train_groups(groups))
     assert (stats["pairs"], stats["ties_skipped"]) == (1.0, 2.0)
     assert trainer.train_step(train_groups(scored_groups(1, 2, rewards=[[1.0, 1.0]])))["skipped_step"] == 1.0
+
+
+def test_a_step_where_every_pair_ties_logs_why_and_is_counted_never_nan():
+    trainer, _ = make_trainer("learner.algorithm=online_dpo")
+    tied = train_groups(scored_groups(2, 2, rewards=[[1.0, 1.0], [0.5, 0.5]]))
+    stats = trainer.train_step(tied)
+    assert step_summary(stats) == "skipped: all pairs tied (ties: 2)"
+    metrics = LearnerMetrics()
+    metrics.record_step(stats, tied, version=1)
+    count = metrics.registry.get_sample_value(names.LEARNER_SKIPPED_STEPS_TOTAL, {"reason": "all_pairs_tied"})
+    assert count == 1.0
+    trained = trainer.train_step(train_groups(scored_groups(1, 2)))
+    summary = step_summary(trained)
+    assert summary.startswith("loss ") and "nan" not in summary
 
 
 @pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dr_grpo", "reinforce_pp"])

