@@ -169,7 +169,7 @@ class Launcher:
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
-        progress = Progress(self.cfg.learner.total_steps)
+        progress = Progress(self.cfg.learner.total_steps, final_version=self._final_version)
         try:
             code = self._supervise(progress)
         finally:
@@ -181,6 +181,11 @@ class Launcher:
         if code == 0:
             self._print_report()
         return code
+
+    def _final_version(self) -> int | None:
+        from asyncrlhf.training.checkpoint import latest_version
+
+        return latest_version(self.cfg)
 
     def _redis_url(self) -> str:
         if self.cfg.redis.url:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from asyncrlhf import metrics as names
@@ -39,6 +40,8 @@ class RunState:
         self.queues: dict[str, float] = {}
         self.first_step: tuple[float, float] | None = None  # (time, steps) when steps were first seen > 0
         self.last_step: tuple[float, float] | None = None  # (time, steps) when steps last went up
+        # The learner's final checkpoint version, read after it exits (it may step after the last scrape).
+        self.final_version: int | None = None
 
     def update(self, snap: Scraped) -> None:
         for name, own in snap.per_service.items():
@@ -59,8 +62,21 @@ class RunState:
         return sum(found) if found else None
 
     @property
-    def steps(self) -> float | None:
+    def scraped_steps(self) -> float | None:
         return self.get(names.LEARNER_STEPS_TOTAL)
+
+    @property
+    def steps(self) -> float | None:
+        """Steps trained: the last scrape's, or the final checkpoint's once the learner has exited."""
+        scraped = self.scraped_steps
+        if self.final_version is not None and (scraped is None or self.final_version - 1 > scraped):
+            return float(self.final_version - 1)
+        return scraped
+
+    @property
+    def learner_version(self) -> float | None:
+        steps = self.steps
+        return None if steps is None else steps + 1 if self.final_version else self.get(names.LEARNER_VERSION)
 
     def rate(self) -> float | None:
         """Steps per second from the first step seen to the last (so it holds still once the run is over)."""
@@ -91,13 +107,17 @@ def rows(state: RunState) -> list[tuple[str, str]]:
     eta = (state.total_steps - steps) / rate if rate and steps is not None else None
     first = state.first_step[0] - state.started if state.first_step else None
     versions = " ".join(f"{int(v)}" for _, v in sorted(state.generator_versions.items())) or UNKNOWN
-    learner_version = state.get(names.LEARNER_VERSION)
+    learner_version = state.learner_version
+    scraped = state.scraped_steps
+    # Reward and KL come from the last scrape; say which step when the learner went on after it.
+    behind = trained and scraped is not None and steps is not None and scraped < steps
+    at = f" (step {scraped:.0f})" if behind else ""
     return [
         ("step", f"{_num(steps, '.0f')}/{state.total_steps}"),
         ("speed", f"{_num(rate, '.2f')} steps/s, eta {_duration(eta)}, first step after {_duration(first)}"),
         ("version", f"learner {_num(learner_version, '.0f')}, generators {versions}"),
-        ("reward", _num(state.get(names.LEARNER_REWARD_MEAN), ".3f") if trained else UNKNOWN),
-        ("kl (k1 est., may be < 0)", _num(state.get(names.LEARNER_KL), ".4f") if trained else UNKNOWN),
+        ("reward", _num(state.get(names.LEARNER_REWARD_MEAN), ".3f") + at if trained else UNKNOWN),
+        ("kl (k1 est., may be < 0)", _num(state.get(names.LEARNER_KL), ".4f") + at if trained else UNKNOWN),
         ("staleness", _num(total / count, ".2f") if count and total is not None else UNKNOWN),
         ("gen tok/s", _num(state.get(names.GENERATOR_TOKENS_PER_SECOND), ".1f")),
         ("queues", " ".join(f"{k}={int(v)}" for k, v in sorted(state.queues.items())) or UNKNOWN),
@@ -109,8 +129,10 @@ def rows(state: RunState) -> list[tuple[str, str]]:
 class Progress:
     """Shows `RunState` as a live table (on a terminal, or on the `console` given) or as log lines."""
 
-    def __init__(self, total_steps: int, console=None, clock=time.monotonic):
+    def __init__(self, total_steps: int, console=None, clock=time.monotonic,
+                 final_version: Callable[[], int | None] = lambda: None):
         self.state = RunState(total_steps, clock)
+        self.final_version = final_version
         self.live = None
         self._last_line: float | None = None
         if console is not None or sys.stdout.isatty():
@@ -138,7 +160,11 @@ class Progress:
         return Group(table, bar)
 
     def close(self) -> None:
-        """Show the final state (the last known values) once more, and stop."""
+        """Show the final state (last known values, the final checkpoint's version) once more, and stop."""
+        try:
+            self.state.final_version = self.final_version()
+        except Exception:  # noqa: BLE001  (the display must close whatever the run directory holds)
+            self.state.final_version = None
         if self.live is not None:
             self.live.update(self.render(), refresh=True)
             self.live.stop()

@@ -89,6 +89,18 @@ def test_the_final_frame_keeps_the_last_known_values_after_the_services_exit():
     assert "kl (k1 est., may be < 0)" in last
 
 
+def test_steps_taken_after_the_last_scrape_come_from_the_final_checkpoint():
+    clock = Clock()
+    console = Console(record=True, width=120, force_terminal=True, color_system=None)
+    progress = Progress(30, console=console, clock=clock, final_version=lambda: 31)
+    progress.update(snapshot(learner=learner_at(28, reward=0.5), generator={"version": 29.0}))
+    progress.update(snapshot(generator={"version": 31.0}))  # the learner stepped twice more, then exited
+    progress.close()
+    last = frames(console)[-1]
+    assert "30/30" in last and "learner 31, generators 31" in last
+    assert "0.500 (step 28)" in last  # the last reward known, and from which step
+
+
 def test_without_a_terminal_it_logs_lines_and_a_final_one(capsys):
     clock = Clock()
     progress = Progress(TOTAL, clock=clock)
