@@ -91,7 +91,8 @@ def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url
 def test_trackers_get_every_step_with_loss_kl_reward_staleness_throughput_lr(tmp_path, redis_url, run_name):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1", "run.trackers=[tensorboard]")
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1",
+                         "run.trackers=[tensorboard]")
     run_learner(cfg, redis_url)
     events = EventAccumulator(str(cfg.run.path / "tensorboard" / "learner"),
                               size_guidance={"scalars": 0}).Reload()
