@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 
 STOP_GRACE_S = 30.0
@@ -152,58 +153,6 @@ def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
     return snap
 
 
-class Progress:
-    """A live table on a terminal; a log line every 10 s elsewhere (CI, tests, files)."""
-
-    def __init__(self, total_steps: int):
-        self.total_steps, self.started = total_steps, time.monotonic()
-        self.live = None
-        self._last_line = 0.0
-        if sys.stdout.isatty():
-            from rich.live import Live
-
-            self.live = Live(refresh_per_second=2, transient=False)
-            self.live.start()
-
-    def update(self, snap: Snapshot) -> None:
-        now = time.monotonic()
-        rows = self.rows(snap)
-        if self.live is not None:
-            from rich.table import Table
-
-            table = Table(title="asyncrlhf up", show_header=False)
-            for key, value in rows:
-                table.add_row(key, value)
-            self.live.update(table)
-        elif now - self._last_line >= 10:
-            self._last_line = now
-            print("progress: " + ", ".join(f"{k}={val}" for k, val in rows), flush=True)
-
-    def rows(self, snap: Snapshot) -> list[tuple[str, str]]:
-        v = snap.values
-        steps = v.get(names.LEARNER_STEPS_TOTAL, 0.0)
-        elapsed = time.monotonic() - self.started
-        eta = (self.total_steps - steps) * elapsed / steps if steps else float("nan")
-        count = v.get(f"{names.LEARNER_STALENESS_VERSIONS}_count", 0.0)
-        staleness = v.get(f"{names.LEARNER_STALENESS_VERSIONS}_sum", 0.0) / count if count else float("nan")
-        versions = " ".join(f"{int(x)}" for x in snap.generator_versions.values()) or "-"
-        return [
-            ("step", f"{int(steps)}/{self.total_steps}"),
-            ("version", f"learner {int(v.get(names.LEARNER_VERSION, 0))}, generators {versions}"),
-            ("reward", f"{v.get(names.LEARNER_REWARD_MEAN, float('nan')):.3f}"),
-            ("kl", f"{v.get(names.LEARNER_KL, float('nan')):.4f}"),
-            ("staleness", f"{staleness:.2f}"),
-            ("gen tok/s", f"{v.get(names.GENERATOR_TOKENS_PER_SECOND, 0.0):.1f}"),
-            ("queues", " ".join(f"{k[6:]}={int(x)}" for k, x in v.items() if k.startswith("queue:")) or "-"),
-            ("gold", f"{v.get(names.EVALUATOR_GOLD_REWARD, float('nan')):.3f}"),
-            ("eta", f"{eta:.0f}s" if eta == eta else "-"),
-        ]
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Supervision
 
@@ -233,7 +182,7 @@ class Launcher:
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
-        progress = Progress(self.cfg.learner.total_steps)
+        progress = Progress(self.cfg.learner.total_steps, final_version=self._final_version)
         try:
             code = self._supervise(progress)
         finally:
@@ -245,6 +194,11 @@ class Launcher:
         if code == 0:
             self._print_report()
         return code
+
+    def _final_version(self) -> int | None:
+        from asyncrlhf.training.checkpoint import latest_version
+
+        return latest_version(self.cfg)
 
     def _redis_url(self) -> str:
         if self.cfg.redis.url:

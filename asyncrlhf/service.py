@@ -6,6 +6,7 @@ Services (`services/<name>/`) are thin shells: they call these and the library, 
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 import signal
@@ -66,17 +67,28 @@ def check_bind(host: str, cfg: Config, what: str) -> None:
 
 
 def token_dependency(token: str | None):
-    """A FastAPI dependency for mutating routes: `Authorization: Bearer <token>` when a token is set."""
+    """A FastAPI dependency for mutating routes, when a token is set: `Authorization: Bearer <token>`, or HTTP
+    basic auth with the token as password (any user name), which clients that cannot set headers send for a
+    URL such as `http://user:<token>@host:port/get_reward`."""
 
     def check(authorization: str | None = Header(default=None, description="Bearer token, when configured")):
         if token is None:
             return
-        if authorization != f"Bearer {token}":
-            raise HTTPException(
-                status_code=401, detail="missing or wrong token: send Authorization: Bearer <token>"
-            )
+        if not (authorization == f"Bearer {token}" or _basic_password(authorization) == token):
+            raise HTTPException(status_code=401, detail="missing or wrong token: send Authorization: Bearer "
+                                "<token>, or put it in the URL as http://user:<token>@host:port/...")
 
     return check
+
+
+def _basic_password(authorization: str | None) -> str | None:
+    scheme, _, encoded = (authorization or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(encoded, validate=True).decode().partition(":")[2]
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 class HttpServer:

@@ -23,6 +23,12 @@ class RunConfig(Section):
     allow_insecure_bind: bool = Field(
         False, description="Let a service bind a non-loopback address without a token (not recommended)."
     )
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, description="Experiment trackers the learner and evaluator log to "
+        "(`asyncrlhf.trackers`); none by default.")
+    tracker_errors: Literal["fail", "warn"] = Field(
+        "fail", description="A tracker that is not installed or cannot start: fail at start, or warn and go "
+        "on.")
 
     @property
     def path(self) -> Path:

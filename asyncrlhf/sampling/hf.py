@@ -213,3 +213,19 @@ class HFBackend:
             kept, finish = trim_at_eos(tokens, self.eos_ids)
             rows.append(Completion(kept, logps[row, : len(kept)].tolist(), finish))
         return [rows[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int,
+                     temperature: float) -> list[list[tuple[float, list[tuple[int, float]]]]]:
+        """For each sequence, for each position t >= 1: (log p(token_t | prefix), the `top_n` most likely
+        (id, log-prob) at t), under softmax(logits / temperature). One forward pass per sequence, so memory
+        stays at one (T, vocab) row of log-probs."""
+        out = []
+        for seq in sequences:
+            ids = torch.as_tensor([list(seq)], dtype=torch.long, device=self.device)
+            logps = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float() / temperature, dim=-1)
+            chosen = logps.gather(-1, ids[0, 1:, None])[:, 0].cpu().tolist()
+            top_lp, top_id = logps.topk(top_n, dim=-1) if top_n else (logps[:, :0], logps[:, :0].long())
+            out.append([(lp, list(zip(i, t, strict=True))) for lp, i, t in
+                        zip(chosen, top_id.cpu().tolist(), top_lp.cpu().tolist(), strict=True)])
+        return out

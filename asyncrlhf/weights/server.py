@@ -4,6 +4,12 @@ Every refusal, a rejected push or a missing token, becomes a gRPC status in one 
 `_STATUS`). PushWeights decodes its requests with `codec.decode_chunk`, so tensor bytes reach the receiver
 as views of the received buffers. The method path, the auth metadata key and the channel options are
 shared with the pusher.
+
+Beside WeightSync, every server answers the standard `grpc.health.v1.Health` (for Kubernetes gRPC probes and
+`grpc_health_probe`) and server reflection (for `grpcurl list`), both without a token: they reveal no
+weights. Health per service: `asyncrlhf.v1.WeightSync` is SERVING while the server runs (it takes
+pushes from the start); the overall status "" follows readiness: NOT_SERVING until the first version is
+live, as the generator's /readyz.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
@@ -26,6 +34,10 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
 ]
 SERVICE = pb.DESCRIPTOR.services_by_name["WeightSync"].full_name
+# Answered without a token: what probes and service browsers call.
+OPEN_METHOD_PREFIXES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/",
+                        "/grpc.reflection.v1.ServerReflection/")
+_SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 _STATUS: dict[Reason, grpc.StatusCode] = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
@@ -51,8 +63,8 @@ def _abort(context: grpc.ServicerContext, refusal: PushRejected) -> None:
 class WeightSyncServicer(pb_grpc.WeightSyncServicer):
     """Maps the WeightSync RPCs onto a `WeightReceiver`."""
 
-    def __init__(self, receiver: WeightReceiver):
-        self.receiver = receiver
+    def __init__(self, receiver: WeightReceiver, health_servicer: health.HealthServicer | None = None):
+        self.receiver, self.health = receiver, health_servicer
 
     def PushWeights(self, request_iterator: Iterator[tuple[pb.WeightChunk, memoryview]],
                     context: grpc.ServicerContext) -> pb.PushReply:
@@ -60,6 +72,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
             result = self.receiver.receive(request_iterator)
         except PushRejected as err:
             _abort(context, err)
+        if self.health is not None:
+            self.health.set("", _SERVING)  # a version is live: ready
         return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
                             apply_seconds=result.apply_seconds)
 
@@ -76,6 +90,8 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         self._expected = f"Bearer {token}".encode()
 
     def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method.startswith(OPEN_METHOD_PREFIXES):
+            return continuation(handler_call_details)
         sent = dict(handler_call_details.invocation_metadata or ()).get(AUTH_METADATA_KEY, "")
         if hmac.compare_digest(str(sent).encode(), self._expected):
             return continuation(handler_call_details)
@@ -112,7 +128,12 @@ def serve(
     interceptors = [TokenAuthInterceptor(token)] if token else []
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
                          options=GRPC_OPTIONS)
-    add_to_server(WeightSyncServicer(receiver), server)
+    health_servicer = health.HealthServicer()
+    health_servicer.set(SERVICE, _SERVING)
+    health_servicer.set("", _SERVING if receiver.status().version else _NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    add_to_server(WeightSyncServicer(receiver, health_servicer), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind WeightSync to {host}:{port}")

@@ -26,6 +26,7 @@ from asyncrlhf.report import load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
 from asyncrlhf.streams import EVALUATOR_GROUP, EVENTS, RunStreams, connect
+from asyncrlhf.trackers import open_trackers
 from asyncrlhf.training.checkpoint import latest_checkpoint, load_checkpoint_policy, read_state
 from services.evaluator.metrics import EvaluatorMetrics
 
@@ -44,6 +45,7 @@ class Evaluator:
         self.http: HttpServer | None = None
         self.client = connect(cfg.redis)
         self._checkpoints_seen = 0
+        self.trackers = open_trackers(cfg, "evaluator")
 
     def start(self) -> Evaluator:
         ec = self.cfg.evaluator
@@ -71,6 +73,7 @@ class Evaluator:
             self.evaluate_initial()
             self.follow()
         finally:
+            self.trackers.close()
             if self.http:
                 self.http.stop()
         return 0
@@ -155,6 +158,8 @@ class Evaluator:
             f.write(json.dumps(row) + "\n")
         self.done.add(version)
         self.metrics.record(row)
+        scalars = {f"eval/{k}": v for k, v in measures.items() if isinstance(v, (int, float))}
+        self.trackers.log_scalars(scalars, step=row["step"])
         self.metrics.eval_time.observe(time.perf_counter() - started)
         log.info(
             "version %d: gold reward %.4f win rate %.3f KL %.4f perplexity %.2f",

@@ -32,6 +32,7 @@ from asyncrlhf.models import load_tokenizer, set_threads
 from asyncrlhf.registry import Registry
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import EVENTS, RunStreams, connect
+from asyncrlhf.trackers import open_trackers, step_scalars
 from asyncrlhf.training import checkpoint, engine
 from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.objectives import make_objective
@@ -82,6 +83,7 @@ class Learner:
             self.events = streams.producer(EVENTS)
             registry = Registry(self.client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
             self.schedule = Schedule(cfg, self.client, streams, self.tokenizer, self.state, self.metrics)
+            self.trackers = open_trackers(cfg, "learner")
             self._serve_http()
         self.weights = WeightPublisher(cfg, self.policy, self.rank, registry, self.metrics)
 
@@ -134,8 +136,12 @@ class Learner:
             return
         assert batch is not None, "rank 0 trains only a batch it collected"
         self.schedule.trained(batch, self.state.version)
-        self.metrics.step_time.observe(time.perf_counter() - started)
+        step_s = time.perf_counter() - started
+        self.metrics.step_time.observe(step_s)
         self.metrics.record_step(stats, groups, self.state.version)
+        lr = self.trainer.policy.get_lr()[0] if hasattr(self.trainer.policy, "get_lr") else None
+        self.trackers.log_scalars(step_scalars(stats, [g.decision.staleness for g in groups], step_s, lr),
+                                  step=self.state.version - 1)
         if publish:
             self.weights.publish(self.state.version)
         self.schedule.release(batch, self.state.version)  # before events and checkpoints: no generator waits
@@ -177,5 +183,6 @@ class Learner:
             done = self.state.steps >= self.cfg.learner.total_steps
             self._emit(EVENT_KIND_RUN_FINISHED if done else EVENT_KIND_POLICY_VERSION)
             self.weights.close()
+            self.trackers.close()
             if self.http:
                 self.http.stop()

@@ -5,13 +5,18 @@ composite reward the consumer loop uses.
   reference label -> rewards, named components, inputs truncated.
 - `POST /get_reward` (OpenRLHF's remote RM protocol): `{"query": [prompt + completion], "prompts"?: [...],
   "labels"?: [...], ...}` -> `{"rewards": [...], "scores": [...], "extra_logs": {component: [...]}}`, so this
-  service can serve other frameworks. The completion is the query after its prompt when `prompts` is given
-  and the query starts with it; otherwise the whole query is the completion. No missing-EOS information is
-  sent, so no missing-EOS penalty applies here.
+  service can serve other frameworks. With the policy tokenizer loaded (the service does), a query decoded
+  with special tokens and the chat template is read back into the pipeline's own item
+  (`asyncrlhf.rewards.openrlhf.QueryReader`), so it scores exactly as the pipeline scores that sample.
+  Without it, the completion is the query after its prompt when `prompts` is given and the query starts with
+  it, else the whole query. No missing-EOS information is sent, so no missing-EOS penalty applies here.
+  A batch of any size is scored `reward.max_request_items` items at a time.
 
-Limits: POST bodies must declare a Content-Length of at most `MAX_BODY_BYTES` (411 / 413), at most
-`reward.max_request_items` items, each text at most `MAX_TEXT_CHARS`. Invalid input answers 422 with the
-reason; both scoring routes need `Authorization: Bearer <run.token>` when a token is set.
+Limits: POST bodies must declare a Content-Length of at most `MAX_BODY_BYTES` (411 / 413: the memory bound),
+at most `reward.max_request_items` items per `/score` request, each text at most `MAX_TEXT_CHARS`. Invalid
+input answers 422 with the reason. When `run.token` is set both scoring routes need it, as
+`Authorization: Bearer <token>` or as HTTP basic auth with the token as password, which is what a client
+that cannot set headers sends for `http://user:<token>@host:port/get_reward` (OpenRLHF's `requests` call).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrlhf.metrics import make_app
 from asyncrlhf.rewards import CompositeReward, Item, ScoreResult
+from asyncrlhf.rewards.openrlhf import QueryReader
 from asyncrlhf.service import token_dependency
 from services.reward.metrics import RewardMetrics
 
@@ -40,10 +46,12 @@ class ServingState:
 
     def __init__(self):
         self.reward: CompositeReward | None = None
+        self.reader: QueryReader | None = None
         self._redis_ok: Callable[[], bool] = lambda: False
 
-    def set_ready(self, reward: CompositeReward, redis_ok: Callable[[], bool]) -> None:
-        self._redis_ok, self.reward = redis_ok, reward
+    def set_ready(self, reward: CompositeReward, redis_ok: Callable[[], bool],
+                  reader: QueryReader | None = None) -> None:
+        self._redis_ok, self.reader, self.reward = redis_ok, reader, reward
 
     def ready(self) -> tuple[bool, str]:
         if self.reward is None:
@@ -102,8 +110,8 @@ def create_app(state: ServingState, metrics: RewardMetrics, *, token: str | None
                 )
         return await call_next(request)
 
-    def run(items: list[Item]) -> ScoreResult:
-        if len(items) > max_items:
+    def run(items: list[Item], chunked: bool = False) -> ScoreResult:
+        if len(items) > max_items and not chunked:
             raise HTTPException(
                 422, f"{len(items)} items in one request; at most {max_items} (reward.max_request_items)"
             )
@@ -111,7 +119,8 @@ def create_app(state: ServingState, metrics: RewardMetrics, *, token: str | None
             raise HTTPException(503, "the reward service is still loading its scorers")
         start = time.perf_counter()
         try:
-            result = state.reward.score(items)
+            result = _concat([state.reward.score(items[i:i + max_items])
+                              for i in range(0, len(items), max_items)])
         except Exception as err:
             metrics.errors.inc()
             raise HTTPException(500, f"scoring failed: {type(err).__name__}: {err}") from err
@@ -131,13 +140,13 @@ def create_app(state: ServingState, metrics: RewardMetrics, *, token: str | None
 
     @app.post("/get_reward", dependencies=guard, summary="OpenRLHF-compatible remote reward model.")
     def get_reward(request: GetRewardRequest) -> dict:
-        result = run(openrlhf_items(request))
+        result = run(openrlhf_items(request, state.reader), chunked=True)
         return {"rewards": result.scores, "scores": result.scores, "extra_logs": result.components}
 
     return app
 
 
-def openrlhf_items(request: GetRewardRequest) -> list[Item]:
+def openrlhf_items(request: GetRewardRequest, reader: QueryReader | None = None) -> list[Item]:
     n = len(request.query)
     for name in ("prompts", "labels"):
         given = getattr(request, name)
@@ -147,12 +156,22 @@ def openrlhf_items(request: GetRewardRequest) -> list[Item]:
             )
     prompts = request.prompts or [""] * n
     labels = [_label(x) for x in request.labels] if request.labels is not None else [None] * n
+    if reader is not None:
+        return [reader.item(q, p, lab) for q, p, lab in zip(request.query, prompts, labels, strict=True)]
     items = []
     for query, prompt, label in zip(request.query, prompts, labels, strict=True):
         if not (prompt and query.startswith(prompt)):
             prompt = ""
         items.append(Item(prompt, query[len(prompt) :], True, None, label))
     return items
+
+
+def _concat(results: list[ScoreResult]) -> ScoreResult:
+    """One result for consecutive chunks (components present in every chunk)."""
+    names = set.intersection(*(set(r.components) for r in results))
+    return ScoreResult([s for r in results for s in r.scores],
+                       {name: [v for r in results for v in r.components[name]] for name in sorted(names)},
+                       sum(r.truncated for r in results))
 
 
 def _label(value: Any) -> str | None:

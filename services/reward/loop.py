@@ -22,7 +22,9 @@ import redis
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
 from asyncrlhf.config import Config
+from asyncrlhf.models import ModelLoadError
 from asyncrlhf.rewards import CompositeReward, Item, ScorerConfigError, ScoreResult, build_reward
+from asyncrlhf.rewards.openrlhf import QueryReader
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, SCORED, Consumer, Delivery, Producer, RunStreams
 from services.reward.http import ServingState, create_app
@@ -165,7 +167,12 @@ def serve(cfg: Config, log: logging.Logger, stop: threading.Event) -> int:
             raise ServiceError(str(err)) from err
         streams = RunStreams.from_config(cfg)
         consumer = streams.consumer(ROLLOUTS, REWARD_GROUP, replica_id())
-        state.set_ready(reward, lambda: bool(streams.client.ping()))
+        try:  # the policy tokenizer reads OpenRLHF queries back into the pipeline's items
+            reader = QueryReader.from_config(cfg.model)
+        except ModelLoadError as err:
+            raise ServiceError(f"{err} (the reward service loads the policy tokenizer for /get_reward)"
+                               ) from err
+        state.set_ready(reward, lambda: bool(streams.client.ping()), reader)
         read_groups = max(1, rc.batch_size // cfg.generator.samples_per_prompt)
         RewardLoop(
             reward,

@@ -71,6 +71,7 @@ def test_follows_checkpoint_events_and_exits_after_run_finished(tmp_path, redis_
             "evaluator.max_new_tokens=8",
             "evaluator.device=cpu",
             "evaluator.every_n=2",
+            "run.trackers=[tensorboard]",
         ],
     )
     stop = threading.Event()
@@ -112,6 +113,13 @@ def test_follows_checkpoint_events_and_exits_after_run_finished(tmp_path, redis_
         assert [r["version"] for r in results(tmp_path)] == [1, 5, 6]
         report = (tmp_path / "report.md").read_text()
         assert "| 6 | 5 |" in report and (tmp_path / "plots" / "overview.png").stat().st_size > 1000
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        tracked = EventAccumulator(str(tmp_path / "tensorboard" / "evaluator"), size_guidance={"scalars": 0})
+        tracked.Reload()
+        for key in ("gold_reward", "win_rate", "kl"):
+            logged = [(e.step, e.value) for e in tracked.Scalars(f"eval/{key}")]
+            assert logged == [(r["step"], pytest.approx(r[key])) for r in results(tmp_path)], key
     finally:
         stop.set()
         thread.join(timeout=30)

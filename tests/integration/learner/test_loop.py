@@ -92,3 +92,19 @@ def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url
     assert len(trained) == 4 * 3  # the run still completes: dropped groups give their credits back
     assert learner.metrics.stale.labels("dropped")._value.get() == len(dropped)
     assert learner.state.version == 5
+
+
+def test_trackers_get_every_step_with_loss_kl_reward_staleness_throughput_lr(tmp_path, redis_url, run_name):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1",
+                         "run.trackers=[tensorboard]")
+    run_learner(cfg, redis_url)
+    events = EventAccumulator(str(cfg.run.path / "tensorboard" / "learner"),
+                              size_guidance={"scalars": 0}).Reload()
+    trained = [r for r in consumed(cfg) if r["kind"] == "trained"]
+    for tag in ("loss", "kl", "reward_mean", "staleness_mean", "samples_per_s", "tokens_per_s", "lr"):
+        assert [e.step for e in events.Scalars(tag)] == [1, 2, 3, 4], tag
+    assert [e.value for e in events.Scalars("lr")] == pytest.approx([3e-3] * 4)
+    staleness = [sum(r["staleness"]) / len(r["staleness"]) for r in trained]
+    assert [e.value for e in events.Scalars("staleness_mean")] == pytest.approx(staleness)

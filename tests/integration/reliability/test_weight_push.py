@@ -203,7 +203,7 @@ def test_after_every_rejection_a_valid_push_lands_and_mutating_http_needs_the_to
     assert target.push(target.messages(before + 1)).version == before + 1
     assert target.version() == before + 1
     url = f"{target.process.url}/v1/completions"
-    body = {"prompt": "hi", "max_tokens": 2}
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
     assert httpx.post(url, json=body, timeout=60).status_code == 401
     assert (
         httpx.post(url, json=body, headers={"Authorization": "Bearer wrong"}, timeout=60).status_code == 401

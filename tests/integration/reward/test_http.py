@@ -116,7 +116,6 @@ def test_score_route_applies_the_penalty_and_reports_components(served):
         ("/get_reward", {"query": "not a list"}, "list"),
         ("/get_reward", {"query": []}, "at least 1"),
         ("/get_reward", {"query": ["a", "b"], "prompts": ["a"]}, "`prompts` has 1 entries but `query` has 2"),
-        ("/get_reward", {"query": ["a"] * 5}, "at most 4"),
         ("/score", {"items": [{"prompt": "p"}]}, "completion"),
         ("/score", {"items": [{"prompt": "p", "completion": "c", "finish_reason": "eos"}]}, "stop"),
         ("/score", {"items": [{"prompt": "p", "completion": "c", "colour": 1}]}, "Extra inputs"),
@@ -128,6 +127,14 @@ def test_invalid_input_gets_422_with_a_reason(served, route, payload, reason):
     response = httpx.post(url + route, json=payload)
     assert response.status_code == 422
     assert reason in response.text
+
+
+def test_get_reward_scores_a_batch_over_the_item_limit_in_chunks(served):
+    url, _ = served
+    texts = [POSITIVE, NEGATIVE, "meh"] * 3  # 9 items, scored 4 + 4 + 1
+    body = openrlhf_post(url + "/get_reward", {"query": texts})
+    assert body["rewards"] == pytest.approx([vader(t) for t in texts])
+    assert body["extra_logs"]["sentiment"] == pytest.approx(body["rewards"])
 
 
 def test_size_limits(served, monkeypatch):

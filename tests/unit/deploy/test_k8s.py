@@ -14,6 +14,7 @@ import yaml
 from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, run_key
+from asyncrlhf.weights.server import SERVICE
 from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manifest_files, render_kustomize
 
 pytestmark = pytest.mark.unit
@@ -298,7 +299,10 @@ def test_workloads_probe_and_expose_their_service_port(rendered, target):
         port = {p["name"]: p["containerPort"] for p in c["ports"]}["http"]
         assert port == SERVICE_PORTS[name]
         assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        if name == "generator":  # the WeightSync server's standard gRPC health service
+            assert c["livenessProbe"]["grpc"] == {"port": GRPC_PORT, "service": SERVICE}
+        else:
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
         assert pod["metadata"]["labels"]["app.kubernetes.io/part-of"] == "asyncrlhf"
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True

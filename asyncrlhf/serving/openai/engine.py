@@ -1,0 +1,158 @@
+"""Sampling for the API, backend-agnostic: prompts in, finished choices out, with OpenAI's semantics.
+
+- temperature 0 is greedy: sampled as top-k 1 at temperature 1 (deterministic on any backend);
+- a request runs in its own torch RNG stream (`torch.random.fork_rng`), seeded by `seed` or by a fresh random
+  seed, so a seeded request is reproducible and API traffic never shifts the training loop's random stream;
+- stop strings are applied to the decoded text: the text ends before the first one, the tokens count up to
+  the one that completed it, and the choice finishes with "stop";
+- top-N log-probs and echoed prompt log-probs come from one scoring pass of the backend (`TokenScorer`) under
+  the gate, so they are the same weights version as the sample.
+
+One request is one batch on the backend, taken through the gate as an "api" batch (`asyncrlhf.serving.gate`
+says how it takes turns with the training loop and weight swaps).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from asyncrlhf.config import SamplingConfig
+from asyncrlhf.sampling import Backend, Finish
+from asyncrlhf.serving.gate import BackendGate, GateBusy
+from asyncrlhf.serving.openai.errors import OpenAIError
+
+# Below this, logits / temperature overflows float32 and sampling is greedy in all but name anyway.
+MIN_TEMPERATURE = 1e-3
+
+TopN = list[tuple[int, float]]
+
+
+@runtime_checkable
+class TokenScorer(Protocol):
+    """A backend that can score sequences: what integer `logprobs` and `echo` need."""
+
+    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int,
+                     temperature: float) -> list[list[tuple[float, TopN]]]:
+        """For each sequence, for each position t >= 1: (log p(token_t | prefix), the top_n (id, log-prob)
+        at t), under softmax(logits / temperature)."""
+
+
+@dataclass(frozen=True)
+class Params:
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stops: list[str]
+    top_n: int | None = None  # None: no per-token scoring pass
+
+
+@dataclass
+class Sampled:
+    """One choice. `scores[t]` covers prompt + completion position t + 1 (when scored)."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish: Finish
+    logprobs: list[float]
+    scores: list[tuple[float, TopN]] | None = field(default=None)
+
+
+class ApiSampler:
+    def __init__(self, backend: Backend, gate: BackendGate, tokenizer, max_prompt_tokens: int):
+        self.backend, self.gate, self.tokenizer = backend, gate, tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def check_prompt(self, ids: Sequence[int]) -> None:
+        if len(ids) > self.max_prompt_tokens:
+            raise OpenAIError(400, f"the prompt has {len(ids)} tokens, more than this generator serves "
+                                   f"(model.max_prompt_tokens={self.max_prompt_tokens})",
+                              param="prompt", code="context_length_exceeded")
+        vocab = len(self.tokenizer)
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise OpenAIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}",
+                              param="prompt", code="invalid_value")
+
+    def sample(self, prompts: list[list[int]], n: int, params: Params) -> tuple[int, list[list[Sampled]]]:
+        """(the weights version that sampled, out[i][j]: the j-th choice of prompts[i])."""
+        for ids in prompts:
+            self.check_prompt(ids)
+        if params.top_n and not isinstance(self.backend, TokenScorer):
+            raise OpenAIError(400, f"logprobs > 0 (top alternatives) is not served by the "
+                                   f"{type(self.backend).__name__} backend: ask for logprobs=0",
+                              param="logprobs", code="unsupported_parameter")
+        greedy = params.temperature < MIN_TEMPERATURE
+        sampling = SamplingConfig(temperature=1.0 if greedy else params.temperature,
+                                  top_p=1.0 if greedy else params.top_p, top_k=1 if greedy else 0,
+                                  max_new_tokens=params.max_tokens)
+        try:
+            with self.gate.generating("api"):
+                version = self.backend.version
+                if version == 0:
+                    raise OpenAIError(503, "no weights yet: this generator waits for the learner's first "
+                                           "push; retry later", code="not_ready", retry_after_s=5)
+                with torch.random.fork_rng():
+                    torch.manual_seed(secrets.randbits(63) if params.seed is None else params.seed)
+                    groups = self.backend.generate(prompts, n, sampling)
+                choices = [[self._finish(p, c.token_ids, c.logprobs, c.finish, params) for c in group]
+                           for p, group in zip(prompts, groups, strict=True)]
+                if params.top_n is not None and isinstance(self.backend, TokenScorer):
+                    self._score(choices, params.top_n, sampling.temperature)
+        except GateBusy as err:
+            raise OpenAIError(429, f"the generator is busy ({err}); retry later", code="busy",
+                              retry_after_s=1) from err
+        return version, choices
+
+    def _finish(self, prompt: list[int], tokens: list[int], logprobs: list[float], finish: Finish,
+                params: Params) -> Sampled:
+        text = self.decode(tokens)
+        cut = [text.find(s) for s in params.stops if s in text]
+        if cut:
+            text = text[: min(cut)]
+            k = next(k for k in range(1, len(tokens) + 1)
+                     if any(s in self.decode(tokens[:k]) for s in params.stops))
+            tokens, logprobs, finish = tokens[:k], logprobs[:k], "stop"
+        return Sampled(prompt, tokens, text, finish, logprobs)
+
+    def _score(self, choices: list[list[Sampled]], top_n: int, temperature: float) -> None:
+        flat = [c for group in choices for c in group]
+        scored = self.backend.score_tokens([c.prompt_ids + c.token_ids for c in flat],  # type: ignore[attr-defined]
+                                           top_n, temperature)
+        for choice, scores in zip(flat, scored, strict=True):
+            choice.scores = scores
+            if choice.token_ids:
+                choice.logprobs = [lp for lp, _ in scores[-len(choice.token_ids):]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def usage(prompts: list[list[int]], choices: list[list[Sampled]]) -> dict[str, int]:
+    """Each prompt counted once, every choice's completion tokens."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion_tokens = sum(len(c.token_ids) for group in choices for c in group)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def text_pieces(sampler: ApiSampler, choice: Sampled) -> list[str]:
+    """The choice's text cut at token boundaries: what a stream sends, one chunk per piece."""
+    pieces, done = [], 0
+    for k in range(1, len(choice.token_ids) + 1):
+        end = min(len(sampler.decode(choice.token_ids[:k])), len(choice.text))
+        if end > done:
+            pieces.append(choice.text[done:end])
+            done = end
+    if done < len(choice.text):
+        pieces.append(choice.text[done:])
+    return pieces
