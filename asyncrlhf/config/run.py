@@ -4,6 +4,7 @@ launches the services on one machine."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -22,6 +23,11 @@ class RunConfig(Section):
     allow_insecure_bind: bool = Field(
         False, description="Let a service bind a non-loopback address without a token (not recommended)."
     )
+    stop_timeout_s: float = Field(
+        20.0, gt=0, le=25,
+        description="After SIGTERM/SIGINT a service exits within this many seconds whatever it is doing "
+        "(the learner writes its checkpoint within it when it can); `asyncrlhf up` stops within 30 s.",
+    )
 
     @property
     def path(self) -> Path:
@@ -37,6 +43,12 @@ class RedisConfig(Section):
     password: str | None = Field(None, description="Password, if not in the URL.")
     tls_ca_certs: str | None = Field(None, description="CA bundle for rediss:// connections.")
     persist: bool = Field(True, description="Embedded Redis: append-only file in the run directory.")
+    appendfsync: Literal["always", "everysec"] = Field(
+        "everysec",
+        description="Embedded Redis: fsync of the append-only file. `always`: a write is on disk before it "
+        "is acknowledged (a Redis crash loses nothing; slower writes). `everysec`: a crash loses up to ~1 s "
+        "of writes, which the learner re-creates from its own records (docs/guarantees.md).",
+    )
     claim_idle_ms: int = Field(
         30_000, ge=100, description="Re-claim entries pending longer than this (XAUTOCLAIM)."
     )
@@ -69,7 +81,16 @@ class LaunchConfig(Section):
     learner_procs: int = Field(1, ge=1, description="Learner processes (torchrun) on this machine.")
     evaluator: bool = Field(True, description="Run the evaluator service alongside.")
     restart: bool = Field(False, description="Restart a crashed service instead of stopping the run.")
-    max_restarts: int = Field(3, ge=0, description="Restarts allowed per service before the run stops.")
+    max_restarts: int = Field(
+        5, ge=0, description="Restarts allowed per service within `restart_window_s` before the run stops."
+    )
+    restart_window_s: float = Field(
+        300.0, gt=0, description="The window of the restart cap: a rate, so a long run never exhausts it."
+    )
+    restart_backoff_s: float = Field(
+        1.0, ge=0, description="Delay before the first restart; doubles with each restart in the window."
+    )
+    restart_backoff_max_s: float = Field(30.0, ge=0, description="Longest delay before a restart.")
     gpus: dict[str, str] = Field(
         default_factory=dict,
         description="CUDA_VISIBLE_DEVICES per service, e.g. {generator: '0', learner: '1,2,3'}.",

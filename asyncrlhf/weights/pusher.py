@@ -100,19 +100,21 @@ class WeightPusher:
                    timeout_s=cfg.learner.push_timeout_s)
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
-             *, partial: bool = False) -> list[PushOutcome]:
-        """Push `state_dict` as `version` to every target concurrently; one outcome per target, in order."""
+             *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
+        """Push `state_dict` as `version` of `lineage` to every target concurrently; one outcome per target,
+        in order."""
         tensors = prepare(state_dict, self.dtype)
-        return self.push_prepared(tensors, version, targets, partial=partial)
+        return self.push_prepared(tensors, version, targets, partial=partial, lineage=lineage)
 
     def push_prepared(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget],
-                      *, partial: bool = False) -> list[PushOutcome]:
+                      *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
         if not targets:
             return []
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-hash") as hasher, \
                 ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
             checksums = [hasher.submit(checksum, t) for t in tensors]  # once, ahead of every sender
-            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums) for t in targets]
+            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums, lineage)
+                       for t in targets]
             return [f.result() for f in futures]
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
@@ -133,13 +135,14 @@ class WeightPusher:
 
     def _push_one(
         self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool,
-        checksums: Sequence[Future[int]],
+        checksums: Sequence[Future[int]], lineage: int = 0,
     ) -> PushOutcome:
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
         try:
-            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums))
+            chunks = encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums, lineage)
+            requests = prefetched(chunks)
             reply = push_weights(requests,
                                  timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:

@@ -30,6 +30,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["WeightSync"].full_name
 _STATUS: dict[Reason, grpc.StatusCode] = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "stale_version": grpc.StatusCode.FAILED_PRECONDITION,
+    "stale_lineage": grpc.StatusCode.FAILED_PRECONDITION,
     "unknown_tensor": grpc.StatusCode.NOT_FOUND,
     "shape_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
     "dtype_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
@@ -61,12 +62,12 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
         except PushRejected as err:
             _abort(context, err)
         return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
-                            apply_seconds=result.apply_seconds)
+                            apply_seconds=result.apply_seconds, lineage=result.lineage)
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
         status = self.receiver.status()
         return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
-                                 tensor_count=status.tensor_count)
+                                 tensor_count=status.tensor_count, lineage=status.lineage)
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
