@@ -266,6 +266,7 @@ class Launcher:
             time.sleep(self.cfg.launch.progress_every_s if everyone else 0.2)
             if self.stopping:
                 return 130
+            self._check_redis()
             for svc in self.services:
                 if not self._check(svc):
                     return 1
@@ -279,6 +280,15 @@ class Launcher:
                 self._snapshot = scrape(self.services)
             if learner_done_at is not None and self._evaluator_done(learner_done_at):
                 return 0
+
+    def _check_redis(self) -> None:
+        """The embedded Redis is supervised too: a crashed one restarts on its port and its append-only file
+        (what it lost is re-created by the learner, docs/guarantees.md); services reconnect by themselves."""
+        if self.redis is None or self.redis.running:
+            return
+        print(f"asyncrlhf up: Redis exited with {self.redis.process.returncode}; restarting it on its "
+              "append-only file", flush=True)
+        self.redis.start()
 
     def _check(self, svc: Service) -> bool:
         """Start a service whose back-off is over; handle one that exited. Returns whether the run goes on."""
