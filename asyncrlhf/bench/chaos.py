@@ -1,4 +1,4 @@
-"""`asyncrlhf bench chaos [CONFIG] --seed S --kills K [key=value ...]`: random SIGKILLs during a local run.
+"""`asyncrlhf bench chaos [CONFIG.yaml] --seed S --kills K [key=value ...]`: random SIGKILLs in a local run.
 
 Starts `asyncrlhf up CONFIG` with restarts on (`launch.restart=true`), then every 4-8 s (`--every A,B`)
 SIGKILLs one service chosen at random by `--seed`: the learner, a generator or a reward replica, and the
@@ -37,13 +37,14 @@ KINDS = ("learner", "generator", "reward")
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="asyncrlhf bench chaos", description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", nargs="?", default="configs/tiny.yaml")
+    parser.add_argument("--config", default="configs/tiny.yaml", help="the run's config (YAML)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLs in all (Redis's included)")
     parser.add_argument("--redis-kills", type=int, default=1)
     parser.add_argument("--every", default="4,8", help="seconds between kills: MIN,MAX")
     parser.add_argument("--root", default="runs", help="the run goes to ROOT/chaos-<seed>")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on the run after this long")
+    argv = [f"--config={a}" if a.endswith((".yaml", ".yml")) and "=" not in a else a for a in argv]
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if bad:
@@ -78,6 +79,10 @@ def main(argv: list[str]) -> int:
     run_dir = Path(args.root).resolve() / run_name
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "up", args.config, *DEFAULTS, *overrides,
            f"run.name={run_name}", f"run.dir={run_dir}"]
+    if run_dir.exists() and any(run_dir.iterdir()):
+        print(f"asyncrlhf bench chaos: {run_dir} is not empty (a previous run would be resumed): delete "
+              "it or pass another --root", file=sys.stderr)
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.parent / f"{run_name}.up.log"
     redis_at = set(rng.sample(range(args.kills), min(args.redis_kills, args.kills)))

@@ -11,6 +11,32 @@ from pydantic import Field
 from asyncrlhf.config.base import Section
 
 
+class GrpcTlsConfig(Section):
+    """TLS for gRPC (WeightSync). Server side (generators): `cert_file` + `key_file`; with `client_ca_file`
+    only clients holding a certificate signed by that CA are served (mutual TLS). Client side (the learner):
+    `ca_file` verifies the server; `client_cert_file` + `client_key_file` present a certificate for mTLS."""
+
+    cert_file: str | None = Field(None, description="Server certificate (PEM) of the WeightSync server.")
+    key_file: str | None = Field(None, description="Private key (PEM) of `cert_file`.")
+    client_ca_file: str | None = Field(
+        None, description="Server side: CA (PEM) that client certificates must chain to (mutual TLS)."
+    )
+    ca_file: str | None = Field(None, description="Client side: CA (PEM) that verifies the server.")
+    client_cert_file: str | None = Field(None, description="Client side: certificate (PEM) for mutual TLS.")
+    client_key_file: str | None = Field(None, description="Client side: private key (PEM) of it.")
+    server_name: str | None = Field(
+        None, description="Client side: the name to verify in the server certificate, if not its host."
+    )
+
+    @property
+    def serves_tls(self) -> bool:
+        return bool(self.cert_file or self.key_file)
+
+    @property
+    def dials_tls(self) -> bool:
+        return bool(self.ca_file)
+
+
 class RunConfig(Section):
     name: str = Field("default", description="Run name; Redis keys are `asyncrlhf:<name>:<stream>`.")
     dir: str = Field(
@@ -23,6 +49,7 @@ class RunConfig(Section):
     allow_insecure_bind: bool = Field(
         False, description="Let a service bind a non-loopback address without a token (not recommended)."
     )
+    grpc_tls: GrpcTlsConfig = GrpcTlsConfig()
     stop_timeout_s: float = Field(
         20.0, gt=0, le=25,
         description="After SIGTERM/SIGINT a service exits within this many seconds whatever it is doing "

@@ -85,19 +85,26 @@ class WeightPusher:
     """Pushes versions to many WeightSync servers at once. Channels are kept per address and reused."""
 
     def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
-                 dtype: str | None = "float32", timeout_s: float = 60.0):
+                 dtype: str | None = "float32", timeout_s: float = 60.0,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 channel_options: Sequence[tuple[str, str]] = ()):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
         self._metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self._credentials, self._channel_options = credentials, list(channel_options)
 
     @classmethod
     def from_config(cls, cfg) -> WeightPusher:
-        """From a `Config`: run.token, learner.push_chunk_bytes / push_dtype / push_timeout_s."""
+        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s."""
+        from asyncrlhf.weights.tls import channel_credentials, channel_options
+
+        tls = cfg.run.grpc_tls
         return cls(cfg.run.token, chunk_bytes=cfg.learner.push_chunk_bytes, dtype=cfg.learner.push_dtype,
-                   timeout_s=cfg.learner.push_timeout_s)
+                   timeout_s=cfg.learner.push_timeout_s, credentials=channel_credentials(tls),
+                   channel_options=channel_options(tls))
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
              *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
@@ -155,5 +162,8 @@ class WeightPusher:
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                options = [*GRPC_OPTIONS, *self._channel_options]
+                self._channels[address] = (
+                    grpc.secure_channel(address, self._credentials, options=options) if self._credentials
+                    else grpc.insecure_channel(address, options=options))
             return self._channels[address]

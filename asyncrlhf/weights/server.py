@@ -105,8 +105,9 @@ def serve(
     *,
     allow_insecure_bind: bool = False,
     max_workers: int = 4,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a WeightSync server for `receiver`; returns the server and its bound port."""
+    """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port."""
     if token is None and not allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
@@ -114,7 +115,11 @@ def serve(
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
                          options=GRPC_OPTIONS)
     add_to_server(WeightSyncServicer(receiver), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"  # with `credentials` (asyncrlhf.weights.tls): TLS only, never also plaintext
+    if credentials is not None:
+        bound = server.add_secure_port(address, credentials)
+    else:
+        bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind WeightSync to {host}:{port}")
     server.start()

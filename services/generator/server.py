@@ -24,6 +24,7 @@ from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.tls import server_credentials
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
@@ -79,7 +80,8 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     # After a restart: no version (0) of no lineage (0) until the learner pushes one.
     receiver = WeightReceiver(swap, version=0, on_lineage=swap.stage_lineage)
     server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
-                         allow_insecure_bind=cfg.run.allow_insecure_bind)
+                         allow_insecure_bind=cfg.run.allow_insecure_bind,
+                         credentials=server_credentials(cfg.run.grpc_tls))
     return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}")
 
 

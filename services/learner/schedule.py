@@ -121,20 +121,26 @@ class Schedule:
         present = self._ids_in_streams() | holding
         missing = [f"g{i:08d}" for i in range(cursor)]
         missing = [g for g in missing if g not in self.consumed.ids and g not in present]
+        self.retrain = self.consumed.trained_elsewhere()  # groups whose update was lost: train them again
         if missing:
-            lost_updates = self.consumed.trained_elsewhere()
-            retrain = [g for g in missing if g in lost_updates]
-            self.consumed.append("requeued", version, missing, lineage=self.lineage, retrain=len(retrain))
-            seen = [self.streams.seen_key(spec, group) for spec, group in FLOW]
-            self.feed.requeue(missing, version, seen)
-            self.metrics.requeued.labels("update_lost").inc(len(retrain))
-            self.metrics.requeued.labels("entry_lost").inc(len(missing) - len(retrain))
+            retrain = [g for g in missing if g in self.retrain]
+            self._requeue(retrain, version, "update_lost")
+            self._requeue([g for g in missing if g not in self.retrain], version, "entry_lost")
             log.warning("lineage %d: enqueued %d groups again (%d trained after the resumed checkpoint, %d "
                         "lost from Redis)", self.lineage, len(missing), len(retrain),
                         len(missing) - len(retrain))
         finished = sum(1 for g in self.consumed.ids if self.feed.enqueued(g))
         self.client.set(self._finished_key, finished)
         self.credits.reset(max(0, cursor - finished))
+
+    def _requeue(self, group_ids: list[str], version: int, reason: str) -> None:
+        """Enqueue groups again under their ids (logged first: a crash in between is repaired at the next
+        start, which finds them in no stream)."""
+        if group_ids:
+            self.consumed.append("requeued", version, group_ids, lineage=self.lineage, reason=reason)
+            seen = [self.streams.seen_key(spec, group) for spec, group in FLOW]
+            self.feed.requeue(group_ids, version, seen)
+            self.metrics.requeued.labels(reason).inc(len(group_ids))
 
     def _ids_in_streams(self) -> set[str]:
         """Group ids with an entry in a flow stream or in the dead-letter stream (in flight, or ending)."""
@@ -184,6 +190,7 @@ class Schedule:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
         ids = [d.identity for d in batch.deliveries]
         self.consumed.append("trained", version, ids, staleness=[s.staleness for s in batch.decisions])
+        self.retrain.difference_update(ids)
         self.consumer.ack(batch.deliveries)
 
     def release(self, batch: StepBatch, version: int) -> None:
@@ -207,6 +214,12 @@ class Schedule:
             self.metrics.old_lineage.labels(_STALE_LABELS[decision.action]).inc()
         if decision.action != "fresh":
             self.metrics.stale.labels(_STALE_LABELS[decision.action]).inc()
+        if not decision.trained and delivery.identity in self.retrain:
+            # Its earlier training was lost with a learner; dropping it would leave a group logged as trained
+            # in no model: sample it again from the current weights instead.
+            self.consumer.ack([delivery])
+            self._requeue([delivery.identity], version, "stale_retrain")
+            return
         if not decision.trained:
             self.consumed.append("dropped", version, [delivery.identity], staleness=decision.staleness)
             self.consumer.ack([delivery])
