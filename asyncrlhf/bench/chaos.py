@@ -2,9 +2,10 @@
 
 Starts `asyncrlhf up CONFIG` with restarts on (`launch.restart=true`), then every 4-8 s (`--every A,B`)
 SIGKILLs one service chosen at random by `--seed`: the learner, a generator or a reward replica, and the
-embedded Redis `--redis-kills` times (default once). `up` restarts each (the learner resumes from its latest
-checkpoint, Redis from its append-only file). When the run ends it prints the kills per service, the
-restarts, the steps reached and the verdict of `asyncrlhf audit`: groups lost, trained twice, updates lost.
+embedded Redis `--redis-kills` times (default once, among the first six kills). `up` restarts each (the
+learner resumes from its latest checkpoint, Redis from its append-only file). When the run ends it prints
+the kills per service, the restarts, the steps reached and the verdict of `asyncrlhf audit`: groups lost,
+trained twice, updates lost.
 Exit 0 when the run reached `learner.total_steps` and the audit is clean.
 
 Defaults (overridable): configs/tiny.yaml, 2 generators, 2 reward replicas, 300 steps, a checkpoint every
@@ -85,7 +86,8 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.parent / f"{run_name}.up.log"
-    redis_at = set(rng.sample(range(args.kills), min(args.redis_kills, args.kills)))
+    early = max(min(args.kills, 6), args.redis_kills)  # Redis dies early, so it happens before the run ends
+    redis_at = set(rng.sample(range(early), min(args.redis_kills, args.kills)))
     kills: Counter[str] = Counter()
     started = time.monotonic()
     with log_path.open("w") as log:
