@@ -13,7 +13,8 @@ Redis) and appends every group it trains, drops as stale or counts as dead-lette
     lost           none of these: a failure
     trained twice  a failure; so is a group that ended in two ways (e.g. dead-lettered and trained)
     update lost    trained, but only in lineages outside the final model's history (after the checkpoint a
-                   restarted learner resumed from) and neither trained again nor in flight: a failure
+                   restarted learner resumed from) and neither trained again nor in flight (dropped or
+                   dead-lettered afterwards included): a failure
 
 Trained means trained *in the final model's history* (see `asyncrlhf.consumed`): the lineage of the last
 learner start, then each parent lineage up to the checkpoint version its child resumed from. A group trained
@@ -176,7 +177,9 @@ def account(
     open_all = set().union(*open_ids.values())
     audit.in_flight_total = len(open_all)
     audit.requeued_in_flight = len(open_all & requeued)
-    audit.updates_lost = sorted(g for g in outside if g not in ended and g not in still)
+    # Strict: a group logged as trained must end trained in the final history (or still be on its way
+    # there); one dropped or dead-lettered after its update was lost is an update lost too.
+    audit.updates_lost = sorted(g for g in outside if g not in trained and g not in still)
     audit.lost = [g for g in audit.lost if g not in audit.updates_lost]  # reported once, as an update lost
     return audit
 
@@ -201,7 +204,7 @@ def _lineages(rows: list[dict], history: History) -> list[dict]:
                 entry["in_final_history"] += len(row["group_ids"])
         elif row["kind"] == "requeued":
             entry["requeued"] += len(row["group_ids"])
-    return [out[k] for k in sorted(out)]
+    return [e for k, e in sorted(out.items()) if k or e["trained"]]  # lineage 0: rows from before lineages
 
 
 def _enqueued(gid: str, enqueued: int) -> bool:
@@ -286,7 +289,7 @@ def format_audit(audit: Audit, run: str) -> str:
                   else "from fresh weights" if e["lineage"] else "before lineages")
         lines.append(f"  lineage {e['lineage']:<3} {origin}: trained {e['trained']} groups up to version "
                      f"{e['last_version']}, {e['in_final_history']} in the final model, "
-                     f"{e['requeued']} enqueued again at its start")
+                     f"{e['requeued']} enqueued again (update or entry lost)")
     problems = [
         ("LOST (enqueued, never ended, in no stream)", audit.lost),
         ("UPDATE LOST (trained only outside the final model's history)", audit.updates_lost),

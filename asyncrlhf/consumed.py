@@ -97,8 +97,7 @@ class ConsumedLog:
     def append(self, kind: str, version: int, group_ids: list[str], **extra) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         row = {"kind": kind, "version": version, "group_ids": group_ids, "at": time.time(), **extra}
-        if kind == "trained":
-            row.setdefault("lineage", self.lineage)
+        row.setdefault("lineage", self.lineage)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()

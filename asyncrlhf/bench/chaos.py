@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -58,10 +59,12 @@ def pids(pattern: str) -> list[int]:
     return [int(p) for p in found.stdout.split() if int(p) != os.getpid()]
 
 
-def targets(run_name: str, run_dir: Path, kind: str) -> list[int]:
-    """The live processes of `kind` in this run (`redis`: its embedded server)."""
+def targets(run_name: str, log_path: Path, kind: str) -> list[int]:
+    """The live processes of `kind` in this run (`redis`: its embedded server, found by the port that `up`
+    printed: redis-server rewrites its command line to `redis-server HOST:PORT`)."""
     if kind == "redis":
-        return pids(f"redis-server .*--dir {run_dir.resolve()}/redis")
+        found = re.search(r"Redis redis://[^ ]*:(\d+)/", log_path.read_text(errors="replace"))
+        return pids(f"redis-server [^ ]*:{found.group(1)}$") if found else []
     return pids(f"services\\.{kind} .*run\\.name={run_name}( |$)")
 
 
@@ -104,7 +107,7 @@ def main(argv: list[str]) -> int:
             if up.poll() is not None:
                 break
             kind = "redis" if i in redis_at else rng.choice(KINDS)
-            live = targets(run_name, run_dir, kind)
+            live = targets(run_name, log_path, kind)
             if not live:  # it is restarting right now
                 continue
             victim = rng.choice(sorted(live))

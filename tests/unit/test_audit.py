@@ -105,3 +105,10 @@ def test_training_twice_within_the_final_history_fails_across_lineages():
     rows = [lineage(1, 0, 0), trained(1, 2, ["g00000000"]), lineage(2, 1, 2), trained(2, 3, ["g00000000"])]
     audit = account(1, rows, [], {})
     assert not audit.ok and audit.trained_twice == ["g00000000"]
+
+
+def test_a_group_dropped_after_its_update_was_lost_is_an_update_lost():
+    rows = [lineage(1, 0, 0), trained(1, 2, ["g00000000"]), lineage(2, 0, 0),
+            {"kind": "dropped", "version": 1, "group_ids": ["g00000000"]}]
+    audit = account(1, rows, [], {})
+    assert not audit.ok and audit.updates_lost == ["g00000000"]
