@@ -44,8 +44,10 @@ class Service:
     restarts: int = 0
     policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(0, 1.0))
     pending: Restart | None = None  # a restart waiting for its back-off
+    started_at: float = 0.0  # time.monotonic() of the last start
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -103,7 +105,7 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
             name = f"{kind}-{i}" if replicas > 1 or kind in ("generator", "reward") else kind
             lc = cfg.launch
             policy = RestartPolicy(lc.max_restarts, lc.restart_window_s, lc.restart_backoff_s,
-                                   lc.restart_backoff_max_s)
+                                   lc.restart_backoff_max_s, lc.restart_stable_s)
             argv = [sys.executable, *module, *args]
             services.append(Service(name, kind, argv, env, logs / f"{name}.log", port, policy=policy))
     return services
@@ -314,7 +316,7 @@ class Launcher:
         if not self.cfg.launch.restart:
             self._report_crash(svc, code)
             return False
-        restart = svc.policy.on_crash(time.monotonic())
+        restart = svc.policy.on_crash(time.monotonic(), time.monotonic() - svc.started_at)
         if restart is None:
             self.failed = svc
             print(cap_message(svc.name, svc.kind, code, svc.policy, svc.tail(), str(svc.log_path)),

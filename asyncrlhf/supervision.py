@@ -36,16 +36,20 @@ class RestartPolicy:
     window_s: float
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
+    stable_s: float = 10.0
     times: deque[float] = field(default_factory=deque)  # when each restart in the window happened
     total: int = 0
+    streak: int = 0  # crashes in a row, each sooner than stable_s after its start
 
-    def on_crash(self, now: float) -> Restart | None:
-        """The restart to schedule for a crash at `now`, or None when the cap (a rate) is reached."""
+    def on_crash(self, now: float, uptime_s: float = 0.0) -> Restart | None:
+        """The restart to schedule for a crash at `now` of a process that ran `uptime_s`, or None when the
+        cap (a rate) is reached."""
         while self.times and now - self.times[0] > self.window_s:
             self.times.popleft()
         if len(self.times) >= self.max_restarts:
             return None
-        delay = min(self.backoff_max_s, self.backoff_s * 2 ** len(self.times))
+        self.streak = 1 if uptime_s >= self.stable_s else self.streak + 1
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** (self.streak - 1))
         self.times.append(now)
         self.total += 1
         return Restart(at=now + delay, count=len(self.times))

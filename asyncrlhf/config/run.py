@@ -115,9 +115,13 @@ class LaunchConfig(Section):
         300.0, gt=0, description="The window of the restart cap: a rate, so a long run never exhausts it."
     )
     restart_backoff_s: float = Field(
-        1.0, ge=0, description="Delay before the first restart; doubles with each restart in the window."
+        1.0, ge=0, description="Delay before a restart; doubles with each crash in a row (restart_stable_s)."
     )
     restart_backoff_max_s: float = Field(30.0, ge=0, description="Longest delay before a restart.")
+    restart_stable_s: float = Field(
+        10.0, ge=0, description="A service that ran this long before it died is not crash-looping: its "
+        "back-off starts again from restart_backoff_s."
+    )
     gpus: dict[str, str] = Field(
         default_factory=dict,
         description="CUDA_VISIBLE_DEVICES per service, e.g. {generator: '0', learner: '1,2,3'}.",

@@ -81,7 +81,8 @@ class Learner:
         if state.kl_coef is not None and controller:
             controller.value = state.kl_coef
         self.resumed = True
-        log.info("resumed from %s at version %d (lineage %d)", found, state.version, state.lineage)
+        log.info("resumed from %s at version %d (lineage %d's checkpoint)", found, state.version,
+                 state.lineage)
         return state
 
     def _serve_http(self) -> None:

@@ -102,7 +102,7 @@ def test_a_killed_learner_is_restarted_and_resumes_from_its_checkpoint(tmp_path)
     summary = json.loads((tmp_path / "run" / "up_summary.json").read_text())
     assert summary["services"]["learner"]["restarts"] == 1 and summary["learner_version"] == 9
     learner_log = (tmp_path / "run" / "logs" / "learner.log").read_text()
-    assert "resumed from" in learner_log and "(lineage 1)" in learner_log
+    assert "resumed from" in learner_log and "(lineage 1's checkpoint)" in learner_log
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     audit = subprocess.run([sys.executable, "-m", "asyncrlhf.cli", "audit", str(tmp_path / "run"), "--json"],
                            cwd=ROOT, env=env, capture_output=True, text=True)

@@ -7,10 +7,11 @@ from asyncrlhf.supervision import RestartPolicy, cap_message
 pytestmark = pytest.mark.unit
 
 
-def test_backoff_doubles_within_the_window_and_is_capped():
-    policy = RestartPolicy(max_restarts=10, window_s=100, backoff_s=1, backoff_max_s=5)
-    delays = [policy.on_crash(t).at - t for t in (0, 1, 2, 3, 4)]
+def test_backoff_doubles_while_crash_looping_is_capped_and_resets_after_a_stable_run():
+    policy = RestartPolicy(max_restarts=10, window_s=100, backoff_s=1, backoff_max_s=5, stable_s=10)
+    delays = [policy.on_crash(t, uptime_s=0.5).at - t for t in (0, 1, 2, 3, 4)]
     assert delays == [1, 2, 4, 5, 5]
+    assert policy.on_crash(30, uptime_s=12).at - 30 == 1  # ran 12 s: killed, not crash-looping
 
 
 def test_the_cap_is_a_rate_not_a_lifetime_count():
@@ -18,7 +19,7 @@ def test_the_cap_is_a_rate_not_a_lifetime_count():
     assert policy.on_crash(0) and policy.on_crash(10)
     assert policy.on_crash(20) is None  # a third crash within 60 s: the run stops
     restart = policy.on_crash(65)  # the crash at 0 left the window: allowed again, with a short back-off
-    assert restart is not None and restart.count == 2 and restart.at - 65 == 2
+    assert restart is not None and restart.count == 2 and restart.at - 65 == 4  # still crash-looping
     for t in range(1000, 100_000, 1000):  # a long run with a crash now and then never reaches the cap
         assert policy.on_crash(t) is not None
     assert policy.total > 100

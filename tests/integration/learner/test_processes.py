@@ -99,7 +99,8 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
         wait(start(cmd, second_log), 180, second_log)
     finally:
         actor.close()
-    assert "resumed from" in second_log.read_text() and "at version 3 (lineage 1)" in second_log.read_text()
+    second = second_log.read_text()
+    assert "resumed from" in second and "at version 3 (lineage 1's checkpoint)" in second
     rows = consumed(cfg)
     lost_updates = {g for r in rows if r["kind"] == "trained" and r["lineage"] == 1 and r["version"] > 3
                     for g in r["group_ids"]}  # trained after the checkpoint the second start resumed from
