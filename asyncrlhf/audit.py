@@ -12,6 +12,15 @@ Redis) and appends every group it trains, drops as stale or counts as dead-lette
     in flight      still an entry of the prompts, rollouts or scored stream (pending or not yet read)
     lost           none of these: a failure
     trained twice  a failure; so is a group that ended in two ways (e.g. dead-lettered and trained)
+    update lost    trained, but only in lineages outside the final model's history (after the checkpoint a
+                   restarted learner resumed from) and neither trained again nor in flight (dropped or
+                   dead-lettered afterwards included): a failure
+
+Trained means trained *in the final model's history* (see `asyncrlhf.consumed`): the lineage of the last
+learner start, then each parent lineage up to the checkpoint version its child resumed from. A group trained
+after that checkpoint is in no model; the restarted learner enqueued it again (a `requeued` row), and it
+counts once it is trained in the history. The report lists every lineage: where it began, what it trained
+and how much of it the final model holds.
 
 In flight is not a loss: a running run always has some, and a finished one keeps what the learner had
 enqueued beyond its last step (a resumed run trains them). Either way there may be at most the credit bound,
@@ -38,6 +47,7 @@ from pathlib import Path
 
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.consumed import ENDED_WITHOUT_TRAINING, History, history_of, read_rows
 from asyncrlhf.streams import EVENTS, FEED_CURSOR, FLOW, ID_FIELD, PAYLOAD_FIELD, RunStreams, connect
 
 GROUP_ID = re.compile(r"^g(\d{8,})$")
@@ -67,14 +77,19 @@ class Audit:
     foreign_dead_letters: int = 0  # dead letters whose id the learner never enqueued (hand-made entries)
     finished: bool = False
     credit_bound: int | None = None
+    updates_lost: list[str] = field(default_factory=list)  # trained only outside the final history
+    requeued_in_flight: int = 0  # enqueued again at a learner start, still in flight (beyond the bound)
+    lineages: list[dict] = field(default_factory=list)  # per lineage: origin, groups trained, kept in history
 
     @property
     def over_bound(self) -> bool:
-        return self.credit_bound is not None and self.in_flight_total > self.credit_bound
+        return (self.credit_bound is not None
+                and self.in_flight_total > self.credit_bound + self.requeued_in_flight)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.trained_twice or self.conflicting or self.unknown or self.over_bound)
+        return not (self.lost or self.trained_twice or self.conflicting or self.unknown or self.over_bound
+                    or self.updates_lost)
 
     def summary(self) -> dict:
         return {
@@ -93,6 +108,8 @@ class Audit:
             "unknown": self.unknown,
             "dead_letter_reasons": self.dead_letter_reasons,
             "foreign_dead_letters": self.foreign_dead_letters,
+            "updates_lost": self.updates_lost,
+            "lineages": self.lineages,
         }
 
 
@@ -110,13 +127,26 @@ def account(
     `consumed_rows`: the learner's consumed.jsonl rows; `dead_letters`: (stream, id, reason) of each entry
     of the dead-letter stream; `in_flight`: stream name -> group ids still in that stream."""
     audit = Audit(enqueued=enqueued, finished=finished, credit_bound=credit_bound)
-    trained: Counter[str] = Counter()
+    rows = list(consumed_rows)
+    history = history_of(rows)
+    trained: Counter[str] = Counter()  # trainings in the final history
+    outside: set[str] = set()  # trained in a lineage whose update the final model does not hold
+    requeued: set[str] = set()
     ended: dict[str, set[str]] = {}  # id -> the ways it ended
-    for row in consumed_rows:
+    for row in rows:
+        kind = row["kind"]
+        if kind == "requeued":
+            requeued.update(row["group_ids"])
+        if kind not in ("trained", *ENDED_WITHOUT_TRAINING):
+            continue
+        if kind == "trained" and not history.contains(row.get("lineage", 0), row["version"]):
+            outside.update(row["group_ids"])
+            continue
         for gid in row["group_ids"]:
-            ended.setdefault(gid, set()).add(row["kind"])
-            if row["kind"] == "trained":
+            ended.setdefault(gid, set()).add(kind)
+            if kind == "trained":
                 trained[gid] += 1
+    audit.lineages = _lineages(rows, history)
     reasons: Counter[str] = Counter()
     for stream, gid, reason in dead_letters:
         if stream not in FLOW_STREAMS or not _enqueued(gid, enqueued):
@@ -144,8 +174,37 @@ def account(
         for stream, ids in in_flight.items()
     }
     audit.in_flight = {stream: len(ids) for stream, ids in open_ids.items()}
-    audit.in_flight_total = len(set().union(*open_ids.values()))
+    open_all = set().union(*open_ids.values())
+    audit.in_flight_total = len(open_all)
+    audit.requeued_in_flight = len(open_all & requeued)
+    # Strict: a group logged as trained must end trained in the final history (or still be on its way
+    # there); one dropped or dead-lettered after its update was lost is an update lost too.
+    audit.updates_lost = sorted(g for g in outside if g not in trained and g not in still)
+    audit.lost = [g for g in audit.lost if g not in audit.updates_lost]  # reported once, as an update lost
     return audit
+
+
+def _lineages(rows: list[dict], history: History) -> list[dict]:
+    """Per lineage, oldest first: where it began, the groups it trained, how many the final model holds."""
+    out: dict[int, dict] = {}
+    for row in rows:
+        lineage = row.get("lineage", 0)
+        if row["kind"] == "lineage":
+            out[lineage] = {"lineage": lineage, "from_lineage": row.get("from_lineage", 0),
+                            "from_version": row["version"], "trained": 0, "in_final_history": 0,
+                            "last_version": row["version"], "requeued": 0}
+            continue
+        empty = {"lineage": lineage, "from_lineage": 0, "from_version": 0, "trained": 0,
+                 "in_final_history": 0, "last_version": 0, "requeued": 0}
+        entry = out.setdefault(lineage, empty)
+        if row["kind"] == "trained":
+            entry["trained"] += len(row["group_ids"])
+            entry["last_version"] = max(entry["last_version"], row["version"])
+            if history.contains(lineage, row["version"]):
+                entry["in_final_history"] += len(row["group_ids"])
+        elif row["kind"] == "requeued":
+            entry["requeued"] += len(row["group_ids"])
+    return [e for k, e in sorted(out.items()) if k or e["trained"]]  # lineage 0: rows from before lineages
 
 
 def _enqueued(gid: str, enqueued: int) -> bool:
@@ -162,10 +221,7 @@ def _short(reason: str) -> str:
 
 
 def read_consumed(run_dir: Path) -> list[dict]:
-    path = run_dir / "consumed.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_rows(run_dir)
 
 
 def audit_run(cfg: Config, client) -> Audit:
@@ -228,8 +284,15 @@ def format_audit(audit: Audit, run: str) -> str:
             f"  + {audit.foreign_dead_letters} dead letters that are not learner groups "
             "(written by hand or another producer)"
         )
+    for e in audit.lineages:
+        origin = (f"from lineage {e['from_lineage']} at version {e['from_version']}" if e["from_lineage"]
+                  else "from fresh weights" if e["lineage"] else "before lineages")
+        lines.append(f"  lineage {e['lineage']:<3} {origin}: trained {e['trained']} groups up to version "
+                     f"{e['last_version']}, {e['in_final_history']} in the final model, "
+                     f"{e['requeued']} enqueued again (update or entry lost)")
     problems = [
         ("LOST (enqueued, never ended, in no stream)", audit.lost),
+        ("UPDATE LOST (trained only outside the final model's history)", audit.updates_lost),
         ("TRAINED TWICE", audit.trained_twice),
         ("ENDED IN TWO WAYS", audit.conflicting),
         ("ENDED BUT NEVER ENQUEUED", audit.unknown),
@@ -239,7 +302,8 @@ def format_audit(audit: Audit, run: str) -> str:
             lines.append(f"  {title}: {len(ids)}: {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}")
     if audit.over_bound:
         lines.append(f"  OVER THE CREDIT BOUND: {audit.in_flight_total} in flight > {audit.credit_bound}")
-    lines.append("OK: every group is accounted for exactly once" if audit.ok else "FAILED")
+    lines.append("OK: every group is accounted for exactly once, every trained group once in the final "
+                 "model's history" if audit.ok else "FAILED")
     return "\n".join(lines)
 
 

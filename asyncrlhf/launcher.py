@@ -26,8 +26,9 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
+from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
 
-STOP_GRACE_S = 30.0
+STOP_GRACE_S = 27.0  # run.stop_timeout_s (<= 25) plus a margin: `up` stops within 30 s
 
 
 @dataclass
@@ -42,8 +43,12 @@ class Service:
     port: int
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(0, 1.0))
+    pending: Restart | None = None  # a restart waiting for its back-off
+    started_at: float = 0.0  # time.monotonic() of the last start
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -111,8 +116,11 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
                 module = ["-m", "torch.distributed.run", "--standalone",
                           f"--nproc_per_node={cfg.launch.learner_procs}", "-m", "services.learner"]
             name = f"{kind}-{i}" if replicas > 1 or kind in ("generator", "reward") else kind
-            command = [sys.executable, *module, *args]
-            services.append(Service(name, kind, command, env, logs / f"{name}.log", port))
+            lc = cfg.launch
+            policy = RestartPolicy(lc.max_restarts, lc.restart_window_s, lc.restart_backoff_s,
+                                   lc.restart_backoff_max_s, lc.restart_stable_s)
+            argv = [sys.executable, *module, *args]
+            services.append(Service(name, kind, argv, env, logs / f"{name}.log", port, policy=policy))
     return services
 
 
@@ -204,7 +212,7 @@ class Launcher:
         if self.cfg.redis.url:
             return self.cfg.redis.url
         data_dir = self.cfg.run.path / "redis" if self.cfg.redis.persist else None
-        self.redis = EmbeddedRedis(data_dir=data_dir).start()
+        self.redis = EmbeddedRedis(data_dir=data_dir, appendfsync=self.cfg.redis.appendfsync).start()
         return self.redis.url
 
     def _prepare_model(self) -> None:
@@ -223,26 +231,41 @@ class Launcher:
             time.sleep(self.cfg.launch.progress_every_s if everyone else 0.2)
             if self.stopping:
                 return 130
+            self._check_redis()
             for svc in self.services:
-                code = svc.poll()
-                if code is None or svc is learner or (code == 0 and svc.kind == "evaluator"):
-                    continue
-                if not self._handle_crash(svc, code):
+                if not self._check(svc):
                     return 1
             snap = scrape(self.services)
             for name, ok in snap.answered.items():
                 self.answered[name] = self.answered.get(name, False) or ok
             self.last_metrics.update(snap.per_service)
             progress.update(snap)
-            code = learner.poll()
-            if code is not None and code != 0:
-                self._report_crash(learner, code)
-                return 1
-            if code == 0 and learner_done_at is None:
+            if learner.pending is None and learner.poll() == 0 and learner_done_at is None:
                 learner_done_at = time.monotonic()
                 self._snapshot = scrape(self.services)
             if learner_done_at is not None and self._evaluator_done(learner_done_at):
                 return 0
+
+    def _check_redis(self) -> None:
+        """The embedded Redis is supervised too: a crashed one restarts on its port and its append-only file
+        (what it lost is re-created by the learner, docs/guarantees.md); services reconnect by themselves."""
+        if self.redis is None or self.redis.running:
+            return
+        code = self.redis.process.returncode if self.redis.process else None
+        print(f"asyncrlhf up: Redis exited with {code}; restarting it on its append-only file", flush=True)
+        self.redis.start()
+
+    def _check(self, svc: Service) -> bool:
+        """Start a service whose back-off is over; handle one that exited. Returns whether the run goes on."""
+        if svc.pending is not None:
+            if time.monotonic() >= svc.pending.at:
+                svc.pending = None
+                svc.start()
+            return True
+        code = svc.poll()
+        if code is None or (code == 0 and svc.kind in ("evaluator", "learner")):
+            return True
+        return self._handle_crash(svc, code)
 
     def _evaluator_done(self, since: float) -> bool:
         evaluator = next((s for s in self.services if s.kind == "evaluator"), None)
@@ -251,14 +274,23 @@ class Launcher:
         return time.monotonic() - since > self.cfg.launch.evaluator_grace_s
 
     def _handle_crash(self, svc: Service, code: int) -> bool:
-        """Restart the service if allowed; otherwise report it. Returns whether the run goes on."""
-        if self.cfg.launch.restart and svc.restarts < self.cfg.launch.max_restarts:
-            svc.restarts += 1
-            print(f"asyncrlhf up: {svc.name} exited with {code}; restarting ({svc.restarts})", flush=True)
-            svc.start()
-            return True
-        self._report_crash(svc, code)
-        return False
+        """Schedule a restart after its back-off if allowed; otherwise report it. Returns whether the run
+        goes on. A restarted learner resumes from the latest checkpoint (its default)."""
+        if not self.cfg.launch.restart:
+            self._report_crash(svc, code)
+            return False
+        restart = svc.policy.on_crash(time.monotonic(), time.monotonic() - svc.started_at)
+        if restart is None:
+            self.failed = svc
+            print(cap_message(svc.name, svc.kind, code, svc.policy, svc.tail(), str(svc.log_path)),
+                  file=sys.stderr, flush=True)
+            return False
+        svc.restarts += 1
+        svc.pending = restart
+        delay = restart.at - time.monotonic()
+        print(f"asyncrlhf up: {svc.name} exited with {code}; restarting in {delay:.1f} s "
+              f"({restart.count} in the last {svc.policy.window_s:g} s)", flush=True)
+        return True
 
     def _report_crash(self, svc: Service, code: int) -> None:
         self.failed = svc
@@ -272,15 +304,13 @@ class Launcher:
         print("asyncrlhf up: stopping (the learner writes a checkpoint first)...", flush=True)
 
     def _stop_all(self) -> None:
-        """The learner first (it checkpoints on SIGTERM), then everything else; SIGKILL after a grace."""
+        """SIGTERM to every service at once, the learner first (it checkpoints on SIGTERM, within
+        `run.stop_timeout_s`, after which each service exits by itself); SIGKILL what is left at
+        STOP_GRACE_S, so `up` stops within 30 s whatever the services are blocked in."""
         order = sorted(self.services, key=lambda s: s.kind != "learner")
         for svc in order:
+            svc.pending = None
             svc.signal(signal.SIGTERM)
-            if svc.kind == "learner" and svc.proc:
-                try:
-                    svc.proc.wait(timeout=STOP_GRACE_S * 4)
-                except subprocess.TimeoutExpired:
-                    pass
         deadline = time.monotonic() + STOP_GRACE_S
         for svc in order:
             if svc.proc:

@@ -87,6 +87,9 @@ LEARNER_IN_FLIGHT_GROUPS = _metric("learner", "in_flight_groups")
 LEARNER_QUEUE_DEPTH = _metric("learner", "queue_depth")  # label: stream
 LEARNER_CONSUMER_LAG = _metric("learner", "consumer_lag")  # label: stream
 LEARNER_DEAD_LETTER_ENTRIES = _metric("learner", "dead_letter_entries")
+LEARNER_LINEAGE = _metric("learner", "lineage")
+LEARNER_OLD_LINEAGE_GROUPS_TOTAL = _metric("learner", "old_lineage_groups", "total")  # label: action
+LEARNER_REQUEUED_GROUPS_TOTAL = _metric("learner", "requeued_groups", "total")  # label: reason
 
 EVALUATOR_GOLD_REWARD = _metric("evaluator", "gold_reward")
 EVALUATOR_WIN_RATE = _metric("evaluator", "win_rate")

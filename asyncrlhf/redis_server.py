@@ -66,12 +66,16 @@ class EmbeddedRedis:
         password: str | None = None,
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
+        appendfsync: str = "everysec",
     ):
         # absolute: redis-server changes into --dir before it opens --logfile
         self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         self.host, self.port, self.password = host, port, password
         self.binary = binary or find_redis_server()
         self.startup_timeout_s = startup_timeout_s
+        if appendfsync not in ("always", "everysec"):
+            raise ValueError(f"appendfsync must be `always` or `everysec`, got {appendfsync!r}")
+        self.appendfsync = appendfsync
         self.process: subprocess.Popen | None = None
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._finalizer: weakref.finalize | None = None
@@ -143,7 +147,7 @@ class EmbeddedRedis:
             workdir, persist = Path(self._scratch.name), False
         args = [
             self.binary, "--port", str(self.port), "--bind", self.host, "--dir", str(workdir),
-            "--save", "", "--appendonly", "yes" if persist else "no", "--appendfsync", "everysec",
+            "--save", "", "--appendonly", "yes" if persist else "no", "--appendfsync", self.appendfsync,
             "--daemonize", "no", "--logfile", str(workdir / "redis.log"), "--loglevel", "warning",
         ]
         if self.password:

@@ -26,6 +26,7 @@ class Member:
     address: str  # host:port of its WeightSync server
     version: int  # policy version it serves
     updated_at: float  # Unix time of its last heartbeat
+    lineage: int = 0  # learner lineage of the version it serves
 
 
 class Registry:
@@ -36,12 +37,12 @@ class Registry:
     def member_key(self, member_id: str) -> str:
         return f"{self.index_key}:{member_id}"
 
-    def register(self, member_id: str, address: str, version: int) -> None:
+    def register(self, member_id: str, address: str, version: int, lineage: int = 0) -> None:
         """Announce (or refresh) a member; it stays live for `ttl_s` after the last call."""
         key = self.member_key(member_id)
         now = self.client.time()
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping={"id": member_id, "address": address, "version": version,
+        pipe.hset(key, mapping={"id": member_id, "address": address, "version": version, "lineage": lineage,
                                 "updated_at": now[0] + now[1] / 1e6})
         pipe.pexpire(key, self.ttl_ms)
         pipe.sadd(self.index_key, member_id)
@@ -66,7 +67,7 @@ class Registry:
                 gone.append(member_id)
                 continue
             members.append(Member(member_id, fields[b"address"].decode(), int(fields[b"version"]),
-                                  float(fields[b"updated_at"])))
+                                  float(fields[b"updated_at"]), int(fields.get(b"lineage", 0))))
         if gone:
             self.client.srem(self.index_key, *gone)
         return members
@@ -77,8 +78,9 @@ class Heartbeat:
     Redis errors are logged and retried on the next beat. Deregisters on `stop()`."""
 
     def __init__(self, registry: Registry, member_id: str, address: str, version: Callable[[], int],
-                 period_s: float = 2.0):
+                 period_s: float = 2.0, lineage: Callable[[], int] = lambda: 0):
         self.registry, self.member_id, self.address, self.version = registry, member_id, address, version
+        self.lineage = lineage
         self.period_s = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{member_id}", daemon=True)
@@ -89,7 +91,7 @@ class Heartbeat:
         return self
 
     def beat(self) -> None:
-        self.registry.register(self.member_id, self.address, self.version())
+        self.registry.register(self.member_id, self.address, self.version(), self.lineage())
 
     def stop(self, deregister: bool = True) -> None:
         self._stop.set()

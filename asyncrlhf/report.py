@@ -51,6 +51,8 @@ def load_staleness(run_dir: Path) -> tuple[list[int], Counter]:
     staleness: list[int] = []
     outcomes: Counter = Counter()
     for row in _rows(Path(run_dir) / CONSUMED):
+        if row.get("kind") in ("lineage", "requeued"):  # learner starts and groups enqueued again: no outcome
+            continue
         outcomes[row.get("kind", "?")] += len(row.get("group_ids", []))
         if row.get("kind") == "trained":
             staleness += [int(s) for s in row.get("staleness", [])]

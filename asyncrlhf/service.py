@@ -1,5 +1,5 @@
 """What every service process shares: config from argv, start-up logging, safe binding, an HTTP server
-thread, token checks on mutating routes, and a stop flag set by SIGINT/SIGTERM.
+thread, token checks on mutating routes, and a stop flag set by SIGINT/SIGTERM (with a deadline).
 
 Services (`services/<name>/`) are thin shells: they call these and the library, nothing more.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import sys
@@ -122,12 +123,28 @@ class HttpServer:
         self.thread.join(timeout=5)
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM, so loops finish their current batch and exit cleanly."""
+STOPPED_BY_DEADLINE = 143  # exit code when the stop deadline cut a service short (128 + SIGTERM)
+
+
+def stop_on_signals(deadline_s: float | None = None) -> threading.Event:
+    """An event set by SIGINT or SIGTERM, so loops finish their current batch and exit cleanly. With
+    `deadline_s`, the process exits anyway that long after the first signal, whatever it is blocked in
+    (Redis down and reconnecting, a push to a stalled generator, a checkpoint to a slow disk): a stop is
+    always prompt. The learner's checkpoints are published atomically, so one cut short is never used."""
     stop = threading.Event()
+
+    def give_up() -> None:
+        logging.getLogger("asyncrlhf").error(
+            "still running %.0f s after the stop signal (run.stop_timeout_s): exiting now", deadline_s)
+        logging.shutdown()
+        os._exit(STOPPED_BY_DEADLINE)
 
     def handler(signum, _frame):
         logging.getLogger("asyncrlhf").info("signal %s: stopping after the current batch", signum)
+        if deadline_s is not None and not stop.is_set():
+            timer = threading.Timer(deadline_s, give_up)
+            timer.daemon = True
+            timer.start()
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
@@ -146,7 +163,7 @@ def run_service(main_body, argv: Sequence[str], service: str) -> int:
         return 2
     log_startup(log, cfg, service)
     try:
-        return int(main_body(cfg, log, stop_on_signals()) or 0)
+        return int(main_body(cfg, log, stop_on_signals(cfg.run.stop_timeout_s)) or 0)
     except ServiceError as err:
         log.error("%s", err)
         return 2

@@ -17,7 +17,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class PromptGroup(_message.Message):
-    __slots__ = ("group_id", "prompt", "prompt_token_ids", "k", "enqueued_at", "learner_version", "dataset_index", "epoch", "reference")
+    __slots__ = ("group_id", "prompt", "prompt_token_ids", "k", "enqueued_at", "learner_version", "dataset_index", "epoch", "lineage", "reference")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class PromptGroup(_message.Message):
     LEARNER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DATASET_INDEX_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt: str
@@ -35,8 +36,9 @@ class PromptGroup(_message.Message):
     learner_version: int
     dataset_index: int
     epoch: int
+    lineage: int
     reference: str
-    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ..., reference: _Optional[str] = ...) -> None: ...
+    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ..., lineage: _Optional[int] = ..., reference: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("completion_token_ids", "logprobs", "finish_reason", "text", "reward", "reward_components")
@@ -62,7 +64,7 @@ class Sample(_message.Message):
     def __init__(self, completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
-    __slots__ = ("group_id", "prompt", "samples", "policy_version", "generator_id", "generation_started_at", "generated_at", "scored_at", "scorer_id")
+    __slots__ = ("group_id", "prompt", "samples", "policy_version", "generator_id", "generation_started_at", "generated_at", "scored_at", "scorer_id", "lineage")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +74,7 @@ class RolloutGroup(_message.Message):
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     SCORED_AT_FIELD_NUMBER: _ClassVar[int]
     SCORER_ID_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt: PromptGroup
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
@@ -81,4 +84,5 @@ class RolloutGroup(_message.Message):
     generated_at: float
     scored_at: float
     scorer_id: str
-    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[_Union[PromptGroup, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., policy_version: _Optional[int] = ..., generator_id: _Optional[str] = ..., generation_started_at: _Optional[float] = ..., generated_at: _Optional[float] = ..., scored_at: _Optional[float] = ..., scorer_id: _Optional[str] = ...) -> None: ...
+    lineage: int
+    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[_Union[PromptGroup, _Mapping]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., policy_version: _Optional[int] = ..., generator_id: _Optional[str] = ..., generation_started_at: _Optional[float] = ..., generated_at: _Optional[float] = ..., scored_at: _Optional[float] = ..., scorer_id: _Optional[str] = ..., lineage: _Optional[int] = ...) -> None: ...

@@ -53,7 +53,8 @@ class WeightSyncServicer:
 
     def PushWeights(self, request_iterator, context):
         """Stream one policy version as WeightChunks, tensor by tensor, chunks of a tensor in offset order, then
-        one commit message. Errors: UNAUTHENTICATED (token), FAILED_PRECONDITION (version not newer),
+        one commit message. Errors: UNAUTHENTICATED (token), FAILED_PRECONDITION (version not newer within
+        the lineage, or an older lineage),
         NOT_FOUND (unknown tensor), INVALID_ARGUMENT (shape, dtype, offsets, tensor count), DATA_LOSS (checksum,
         stream ended before commit).
         """

@@ -11,6 +11,32 @@ from pydantic import Field
 from asyncrlhf.config.base import Section
 
 
+class GrpcTlsConfig(Section):
+    """TLS for gRPC (WeightSync). Server side (generators): `cert_file` + `key_file`; with `client_ca_file`
+    only clients holding a certificate signed by that CA are served (mutual TLS). Client side (the learner):
+    `ca_file` verifies the server; `client_cert_file` + `client_key_file` present a certificate for mTLS."""
+
+    cert_file: str | None = Field(None, description="Server certificate (PEM) of the WeightSync server.")
+    key_file: str | None = Field(None, description="Private key (PEM) of `cert_file`.")
+    client_ca_file: str | None = Field(
+        None, description="Server side: CA (PEM) that client certificates must chain to (mutual TLS)."
+    )
+    ca_file: str | None = Field(None, description="Client side: CA (PEM) that verifies the server.")
+    client_cert_file: str | None = Field(None, description="Client side: certificate (PEM) for mutual TLS.")
+    client_key_file: str | None = Field(None, description="Client side: private key (PEM) of it.")
+    server_name: str | None = Field(
+        None, description="Client side: the name to verify in the server certificate, if not its host."
+    )
+
+    @property
+    def serves_tls(self) -> bool:
+        return bool(self.cert_file or self.key_file)
+
+    @property
+    def dials_tls(self) -> bool:
+        return bool(self.ca_file)
+
+
 class RunConfig(Section):
     name: str = Field("default", description="Run name; Redis keys are `asyncrlhf:<name>:<stream>`.")
     dir: str = Field(
@@ -29,6 +55,12 @@ class RunConfig(Section):
     tracker_errors: Literal["fail", "warn"] = Field(
         "fail", description="A tracker that is not installed or cannot start: fail at start, or warn and go "
         "on.")
+    grpc_tls: GrpcTlsConfig = GrpcTlsConfig()
+    stop_timeout_s: float = Field(
+        20.0, gt=0, le=25,
+        description="After SIGTERM/SIGINT a service exits within this many seconds whatever it is doing "
+        "(the learner writes its checkpoint within it when it can); `asyncrlhf up` stops within 30 s.",
+    )
 
     @property
     def path(self) -> Path:
@@ -44,6 +76,12 @@ class RedisConfig(Section):
     password: str | None = Field(None, description="Password, if not in the URL.")
     tls_ca_certs: str | None = Field(None, description="CA bundle for rediss:// connections.")
     persist: bool = Field(True, description="Embedded Redis: append-only file in the run directory.")
+    appendfsync: Literal["always", "everysec"] = Field(
+        "everysec",
+        description="Embedded Redis: fsync of the append-only file. `always`: a write is on disk before it "
+        "is acknowledged (a Redis crash loses nothing; slower writes). `everysec`: a crash loses up to ~1 s "
+        "of writes, which the learner re-creates from its own records (docs/guarantees.md).",
+    )
     claim_idle_ms: int = Field(
         30_000, ge=100, description="Re-claim entries pending longer than this (XAUTOCLAIM)."
     )
@@ -102,7 +140,20 @@ class LaunchConfig(Section):
     learner_procs: int = Field(1, ge=1, description="Learner processes (torchrun) on this machine.")
     evaluator: bool = Field(True, description="Run the evaluator service alongside.")
     restart: bool = Field(False, description="Restart a crashed service instead of stopping the run.")
-    max_restarts: int = Field(3, ge=0, description="Restarts allowed per service before the run stops.")
+    max_restarts: int = Field(
+        5, ge=0, description="Restarts allowed per service within `restart_window_s` before the run stops."
+    )
+    restart_window_s: float = Field(
+        300.0, gt=0, description="The window of the restart cap: a rate, so a long run never exhausts it."
+    )
+    restart_backoff_s: float = Field(
+        1.0, ge=0, description="Delay before a restart; doubles with each crash in a row (restart_stable_s)."
+    )
+    restart_backoff_max_s: float = Field(30.0, ge=0, description="Longest delay before a restart.")
+    restart_stable_s: float = Field(
+        10.0, ge=0, description="A service that ran this long before it died is not crash-looping: its "
+        "back-off starts again from restart_backoff_s."
+    )
     gpus: dict[str, str] = Field(
         default_factory=dict,
         description="CUDA_VISIBLE_DEVICES per service, e.g. {generator: '0', learner: '1,2,3'}.",

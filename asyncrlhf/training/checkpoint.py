@@ -5,7 +5,7 @@
         step-<version:06d>/
             hf/                 HF-format weights (full, or the LoRA adapter) and the tokenizer
             deepspeed/          DeepSpeed state of every rank (tags `policy`, `value`)
-            learner_state.json  `LearnerState`: version, feed cursor, finished count, RNG
+            learner_state.json  `LearnerState`: version, lineage, feed cursor, finished count, RNG
             config.yaml         the resolved config
 
 The learner saves and loads them; the evaluator, the launcher, the offline stages and the benchmarks find
@@ -41,6 +41,7 @@ class LearnerState:
     finished: int = 0  # groups trained, dropped or dead-lettered
     rng: list[int] = field(default_factory=list)
     kl_coef: float | None = None
+    lineage: int = 0  # the learner lineage that wrote the checkpoint (see asyncrlhf.consumed)
 
     @property
     def steps(self) -> int:

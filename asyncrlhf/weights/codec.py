@@ -80,7 +80,7 @@ def checksum(tensor: WireTensor) -> int:
 
 def encoded_chunks(
     tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False,
-    checksums: Sequence[Future[int]] | None = None,
+    checksums: Sequence[Future[int]] | None = None, lineage: int = 0,
 ) -> Iterator[bytes]:
     """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its checksum on the
     last), then the commit message. `checksums` (one per tensor, computed ahead in another thread and shared
@@ -92,18 +92,20 @@ def encoded_chunks(
         for offset in range(0, max(nbytes, 1), chunk_bytes):
             last = offset + chunk_bytes >= nbytes
             digest = (checksum(t) if checksums is None else checksums[i].result()) if last else 0
-            header = pb.WeightChunk(version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=offset,
-                                    checksum=digest)
+            header = pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype,
+                                    shape=t.shape, offset=offset, checksum=digest)
             yield encode_chunk(header, t.data[offset:offset + chunk_bytes])
-    commit = pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors), partial=partial)
+    commit = pb.WeightChunk(version=version, lineage=lineage, commit=True, tensor_count=len(tensors),
+                            partial=partial)
     yield commit.SerializeToString()
 
 
 def chunks(
-    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False
+    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False, lineage: int = 0
 ) -> Iterator[pb.WeightChunk]:
     """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
-    return (pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors, version, chunk_bytes, partial))
+    raw = encoded_chunks(tensors, version, chunk_bytes, partial, lineage=lineage)
+    return (pb.WeightChunk.FromString(r) for r in raw)
 
 
 _DATA_FIELD = pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number

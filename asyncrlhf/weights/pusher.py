@@ -86,34 +86,43 @@ class WeightPusher:
     """Pushes versions to many WeightSync servers at once. Channels are kept per address and reused."""
 
     def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
-                 dtype: str | None = "float32", timeout_s: float = 60.0):
+                 dtype: str | None = "float32", timeout_s: float = 60.0,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 channel_options: Sequence[tuple[str, str]] = ()):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
         self._metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self._credentials, self._channel_options = credentials, list(channel_options)
 
     @classmethod
     def from_config(cls, cfg) -> WeightPusher:
-        """From a `Config`: run.token, learner.push_chunk_bytes / push_dtype / push_timeout_s."""
+        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s."""
+        from asyncrlhf.weights.tls import channel_credentials, channel_options
+
+        tls = cfg.run.grpc_tls
         return cls(cfg.run.token, chunk_bytes=cfg.learner.push_chunk_bytes, dtype=cfg.learner.push_dtype,
-                   timeout_s=cfg.learner.push_timeout_s)
+                   timeout_s=cfg.learner.push_timeout_s, credentials=channel_credentials(tls),
+                   channel_options=channel_options(tls))
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
-             *, partial: bool = False) -> list[PushOutcome]:
-        """Push `state_dict` as `version` to every target concurrently; one outcome per target, in order."""
+             *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
+        """Push `state_dict` as `version` of `lineage` to every target concurrently; one outcome per target,
+        in order."""
         tensors = prepare(state_dict, self.dtype)
-        return self.push_prepared(tensors, version, targets, partial=partial)
+        return self.push_prepared(tensors, version, targets, partial=partial, lineage=lineage)
 
     def push_prepared(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget],
-                      *, partial: bool = False) -> list[PushOutcome]:
+                      *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
         if not targets:
             return []
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-hash") as hasher, \
                 ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
             checksums = [hasher.submit(checksum, t) for t in tensors]  # once, ahead of every sender
-            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums) for t in targets]
+            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums, lineage)
+                       for t in targets]
             return [f.result() for f in futures]
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
@@ -134,13 +143,14 @@ class WeightPusher:
 
     def _push_one(
         self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool,
-        checksums: Sequence[Future[int]],
+        checksums: Sequence[Future[int]], lineage: int = 0,
     ) -> PushOutcome:
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
         try:
-            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums))
+            chunks = encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums, lineage)
+            requests = prefetched(chunks)
             reply = push_weights(requests,
                                  timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
@@ -153,5 +163,8 @@ class WeightPusher:
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                options = [*GRPC_OPTIONS, *self._channel_options]
+                self._channels[address] = (
+                    grpc.secure_channel(address, self._credentials, options=options) if self._credentials
+                    else grpc.insecure_channel(address, options=options))
             return self._channels[address]

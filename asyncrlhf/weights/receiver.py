@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -28,7 +28,7 @@ from asyncrlhf.weights.codec import FROM_WIRE
 
 Reason = Literal[
     "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
-    "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors",
+    "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors", "stale_lineage",
 ]
 
 
@@ -113,6 +113,7 @@ class PushResult:
     tensor_count: int
     bytes: int
     apply_seconds: float
+    lineage: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class ReceiverStatus:
     version: int
     updated_at: float
     tensor_count: int
+    lineage: int = 0
 
 
 def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
@@ -173,16 +175,20 @@ class WeightReceiver:
     buffers are kept between pushes (a second copy of the pushed tensors in CPU memory), so a push does
     not pay for fresh allocations."""
 
-    def __init__(self, target: WeightTarget, version: int = 0):
+    def __init__(self, target: WeightTarget, version: int = 0, lineage: int = 0,
+                 on_lineage: Callable[[int], None] | None = None):
+        """`on_lineage(lineage)` is called just before a push's `apply_weights`, with the lineage of the
+        version being applied (the generator records it with the version, under its generation gate)."""
         self.target = target
-        self.version = version
+        self.version, self.lineage, self.on_lineage = version, lineage, on_lineage
+        self._lineage = lineage  # the lineage of the push being received
         self.updated_at = 0.0
         self._lock = threading.Lock()
         self._buffers: dict[str, torch.Tensor] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
 
     def status(self) -> ReceiverStatus:
-        return ReceiverStatus(self.version, self.updated_at, len(self.target.named_tensors()))
+        return ReceiverStatus(self.version, self.updated_at, len(self.target.named_tensors()), self.lineage)
 
     def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
         """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
@@ -216,14 +222,20 @@ class WeightReceiver:
         raise PushRejected("truncated", f"the stream ended before the commit message{where}")
 
     def _check_version(self, header: pb.WeightChunk, version: int | None) -> int:
+        """A push is newer when its lineage is (any version: a restarted learner resumes from a checkpoint,
+        at a lower version than it had reached), or, in the same lineage, its version is."""
         if version is None:
-            if header.version <= self.version:
-                raise PushRejected("stale_version",
-                                   f"version {header.version} is not newer than {self.version}")
+            if header.lineage < self.lineage:
+                raise PushRejected("stale_lineage", f"lineage {header.lineage} is older than the lineage "
+                                                    f"{self.lineage} served (a learner that was replaced?)")
+            if header.lineage == self.lineage and header.version <= self.version:
+                raise PushRejected("stale_version", f"version {header.version} is not newer than "
+                                                    f"{self.version} (lineage {self.lineage})")
+            self._lineage = header.lineage
             return header.version
-        if header.version != version:
-            raise PushRejected("stale_version",
-                               f"version changed mid-push from {version} to {header.version}")
+        if header.version != version or header.lineage != self._lineage:
+            was, now = (self._lineage, version), (header.lineage, header.version)
+            raise PushRejected("stale_version", f"(lineage, version) changed mid-push from {was} to {now}")
         return version
 
     def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping) -> _Staging:
@@ -259,8 +271,10 @@ class WeightReceiver:
             raise PushRejected("missing_tensors", f"{len(missing)} live tensors not sent (e.g. `{example}`); "
                                                   "mark the commit partial to update only some")
         start = time.perf_counter()
+        if self.on_lineage is not None:
+            self.on_lineage(self._lineage)
         replaced = self.target.apply_weights(staged, header.version, adopt=True) or {}
         for name, old in replaced.items():  # adopted buffers are live now; stage the next push into these
             self._buffers[name] = old.detach().reshape(-1).view(torch.uint8)
-        self.version, self.updated_at = header.version, time.time()
-        return PushResult(header.version, len(staged), received, time.perf_counter() - start)
+        self.version, self.lineage, self.updated_at = header.version, self._lineage, time.time()
+        return PushResult(header.version, len(staged), received, time.perf_counter() - start, self.lineage)

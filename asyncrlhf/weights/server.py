@@ -42,6 +42,7 @@ _SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Heal
 _STATUS: dict[Reason, grpc.StatusCode] = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "stale_version": grpc.StatusCode.FAILED_PRECONDITION,
+    "stale_lineage": grpc.StatusCode.FAILED_PRECONDITION,
     "unknown_tensor": grpc.StatusCode.NOT_FOUND,
     "shape_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
     "dtype_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
@@ -75,12 +76,12 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
         if self.health is not None:
             self.health.set("", _SERVING)  # a version is live: ready
         return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
-                            apply_seconds=result.apply_seconds)
+                            apply_seconds=result.apply_seconds, lineage=result.lineage)
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
         status = self.receiver.status()
         return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
-                                 tensor_count=status.tensor_count)
+                                 tensor_count=status.tensor_count, lineage=status.lineage)
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
@@ -120,8 +121,9 @@ def serve(
     *,
     allow_insecure_bind: bool = False,
     max_workers: int = 4,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a WeightSync server for `receiver`; returns the server and its bound port."""
+    """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port."""
     if token is None and not allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
@@ -134,7 +136,11 @@ def serve(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     add_to_server(WeightSyncServicer(receiver, health_servicer), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"  # with `credentials` (asyncrlhf.weights.tls): TLS only, never also plaintext
+    if credentials is not None:
+        bound = server.add_secure_port(address, credentials)
+    else:
+        bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind WeightSync to {host}:{port}")
     server.start()

@@ -48,23 +48,25 @@ def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> 
 
 
 def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], version: int, generator_id: str,
-                  started_at: float, generated_at: float, decode: Callable[[list[int]], str]) -> RolloutGroup:
-    """The RolloutGroup of one prompt's k completions, all sampled by weights `version`."""
+                  started_at: float, generated_at: float, decode: Callable[[list[int]], str],
+                  lineage: int = 0) -> RolloutGroup:
+    """The RolloutGroup of one prompt's k completions, all sampled by weights `(lineage, version)`."""
     samples = [Sample(completion_token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=_FINISH[c.finish],
                       text=decode(c.token_ids)) for c in completions]
     return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=version,
                         generator_id=generator_id, generation_started_at=started_at,
-                        generated_at=generated_at)
+                        generated_at=generated_at, lineage=lineage)
 
 
 class GeneratorLoop:
     def __init__(self, cfg: Config, backend: Backend, gate: BackendGate, consumer: Consumer[PromptGroup],
                  producer: Producer[RolloutGroup], tokenizer, generator_id: str, metrics: GeneratorMetrics,
-                 weights_arrived: threading.Event, pending: Callable[[], int] = lambda: 0):
+                 weights_arrived: threading.Event, pending: Callable[[], int] = lambda: 0,
+                 lineage: Callable[[], int] = lambda: 0):
         self.cfg, self.backend, self.gate, self.tokenizer = cfg, backend, gate, tokenizer
         self.consumer, self.producer = consumer, producer
         self.generator_id, self.metrics = generator_id, metrics
-        self.weights_arrived, self.pending = weights_arrived, pending
+        self.weights_arrived, self.pending, self.lineage = weights_arrived, pending, lineage
         self._next_pending_check = 0.0
 
     def run(self, stop: threading.Event) -> None:
@@ -104,7 +106,7 @@ class GeneratorLoop:
         started_at, start = time.time(), time.perf_counter()
         try:
             with self.gate.generating():
-                version = self.backend.version
+                version, lineage = self.backend.version, self.lineage()  # both change under the gate only
                 completions = self._sample(work)
         except Exception as err:  # a failing batch must not kill the service; its prompts are retried
             log.exception("generation batch of %d groups failed", len(work))
@@ -114,7 +116,8 @@ class GeneratorLoop:
             return 0
         seconds, generated_at = time.perf_counter() - start, time.time()
         groups = [rollout_group(d.message, c, version, self.generator_id, started_at, generated_at,
-                                self._decode) for (d, _, _), c in zip(work, completions, strict=True)]
+                                self._decode, lineage)
+                  for (d, _, _), c in zip(work, completions, strict=True)]
         self.consumer.ack([d for d, _, _ in work], groups, to=self.producer)
         self._record(completions, seconds)
         return len(groups)

@@ -48,6 +48,7 @@ class GeneratorService:
             cfg, self.backend, self.gate, self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
             self.streams.producer(ROLLOUTS), self.tokenizer, self.id, self.metrics, self.swap.arrived,
             pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
+            lineage=lambda: self.swap.lineage,
         )
         self.weight_sync: WeightSyncServer | None = None
         self.heartbeat: Heartbeat | None = None
@@ -58,7 +59,7 @@ class GeneratorService:
         check_bind(self.cfg.generator.http_host, self.cfg, "the generator's HTTP server")
         self.weight_sync = start_weight_sync(self.cfg, self.swap)
         self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address,
-                                         self.backend)
+                                         self.backend, lambda: self.swap.lineage)
         app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id,
                             self.ready)
         self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()

@@ -24,6 +24,7 @@ from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.tls import server_credentials
 from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
@@ -37,6 +38,12 @@ class WeightSwap:
                  on_applied: Callable[[int], None] = lambda version: None):
         self.backend, self.gate, self.metrics, self.on_applied = backend, gate, metrics, on_applied
         self.arrived = threading.Event()  # set once the first version is live
+        self.lineage = 0  # the learner lineage of the version served; changes with it, under the gate
+        self._incoming_lineage = 0
+
+    def stage_lineage(self, lineage: int) -> None:
+        """The lineage of the version the next `apply_weights` swaps in (the receiver calls it first)."""
+        self._incoming_lineage = lineage
 
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.backend.named_tensors()
@@ -47,6 +54,7 @@ class WeightSwap:
         start = time.perf_counter()
         with self.gate.swapping():
             replaced = self.backend.apply_weights(tensors, version, adopt=adopt)
+            self.lineage = self._incoming_lineage
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()
         self.metrics.version.set(version)
@@ -69,9 +77,11 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     """Serve WeightSync on `generator.grpc_host:grpc_port` (token-checked when `run.token` is set)."""
     host = cfg.generator.grpc_host
     check_bind(host, cfg, "WeightSync")
-    receiver = WeightReceiver(swap, version=0)  # after a restart: no version (0) until the learner pushes one
+    # After a restart: no version (0) of no lineage (0) until the learner pushes one.
+    receiver = WeightReceiver(swap, version=0, on_lineage=swap.stage_lineage)
     server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
-                         allow_insecure_bind=cfg.run.allow_insecure_bind)
+                         allow_insecure_bind=cfg.run.allow_insecure_bind,
+                         credentials=server_credentials(cfg.run.grpc_tls))
     return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}")
 
 
@@ -84,9 +94,9 @@ def advertised_host(cfg: Config) -> str:
 
 
 def start_heartbeat(cfg: Config, client: redis.Redis, generator_id: str, address: str,
-                    backend: Backend) -> Heartbeat:
+                    backend: Backend, lineage: Callable[[], int] = lambda: 0) -> Heartbeat:
     """Register `{id, address, version}` now and every `heartbeat_s`; the entry expires `registry_ttl_s`
     after the last beat."""
     registry = Registry(client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
     return Heartbeat(registry, generator_id, address, lambda: backend.version,
-                     period_s=cfg.generator.heartbeat_s).start()
+                     period_s=cfg.generator.heartbeat_s, lineage=lineage).start()

@@ -21,6 +21,12 @@ from asyncrlhf.streams import Producer, PromptCredits
 _GROUP_ID = re.compile(r"g(\d{8,})")
 
 
+def group_index(group_id: str) -> int:
+    """The cursor at which a feed enqueued `group_id` (`g<cursor>`), or -1 for any other id."""
+    match = _GROUP_ID.fullmatch(group_id)
+    return int(match.group(1)) if match else -1
+
+
 class PromptFeed:
     def __init__(
         self,
@@ -43,10 +49,13 @@ class PromptFeed:
         self.k, self.seed, self.data_epochs, self.cursor_key = k, seed, data_epochs, cursor_key
         self.references = list(references) or [None] * len(self.prompts)  # a verifiable reward's answers
         self._orders: dict[int, list[int]] = {}
+        self.lineage = 0  # stamped on every group enqueued (the learner start's lineage)
+        self.known_cursor = 0  # the cursor as last read or written here
 
     @property
     def cursor(self) -> int:
-        return int(self.client.get(self.cursor_key) or 0)
+        self.known_cursor = int(self.client.get(self.cursor_key) or 0)
+        return self.known_cursor
 
     @property
     def exhausted(self) -> bool:
@@ -72,6 +81,7 @@ class PromptFeed:
             group_id=f"g{cursor:08d}", prompt=self.prompts[index], prompt_token_ids=self.prompt_ids[index],
             k=self.k, enqueued_at=time.time(), learner_version=version, dataset_index=index, epoch=epoch,
             reference=self.references[index] or "",
+            lineage=self.lineage,
         )
 
     def fill(self, version: int) -> int:
@@ -88,4 +98,23 @@ class PromptFeed:
                       approximate=True)
         pipe.set(self.cursor_key, start + granted)
         pipe.execute()
+        self.known_cursor = start + granted
         return granted
+
+    def requeue(self, group_ids: Sequence[str], version: int, seen_keys: Sequence[str]) -> None:
+        """Enqueue groups this feed enqueued before, again, under the same ids (their prompts follow from the
+        ids), and forget that any consumer group saw them, so that each stage processes them once more. Only
+        for groups in no stream (the caller checks): nothing else holds a copy that could run twice."""
+        if not group_ids:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for gid in group_ids:
+            match = _GROUP_ID.fullmatch(gid)
+            if match is None:
+                raise ValueError(f"requeue: {gid!r} is not a group id of this feed")
+            g = self.group(int(match.group(1)), version)
+            pipe.xadd(self.producer.key, self.producer.fields(g), maxlen=self.producer.maxlen,
+                      approximate=True)
+        for key in seen_keys:
+            pipe.zrem(key, *group_ids)
+        pipe.execute()

@@ -73,6 +73,7 @@ class Learner:
             log.info("deepspeed in effect: %s", engine.effective_settings(self.policy, cfg.learner))
         self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=self.objective,
                                pad_id=self.tokenizer.pad_token_id, rank=self.rank, world=self.world)
+        self.resumed = False
         self.state = self._resume() if resume else checkpoint.LearnerState()
         self.metrics = LearnerMetrics()
         self.http: HttpServer | None = None
@@ -82,10 +83,13 @@ class Learner:
             streams = RunStreams(self.client, cfg.run.name, cfg.redis)
             self.events = streams.producer(EVENTS)
             registry = Registry(self.client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
-            self.schedule = Schedule(cfg, self.client, streams, self.tokenizer, self.state, self.metrics)
+            # A new lineage begins here, before anything is pushed (see asyncrlhf.consumed).
+            self.schedule = Schedule(cfg, self.client, streams, self.tokenizer, self.state, self.metrics,
+                                     resumed=self.resumed)
             self.trackers = open_trackers(cfg, "learner")
             self._serve_http()
         self.weights = WeightPublisher(cfg, self.policy, self.rank, registry, self.metrics)
+        self.weights.lineage = self.state.lineage
 
     def _resume(self) -> checkpoint.LearnerState:
         found = checkpoint.latest_checkpoint(self.cfg)
@@ -95,7 +99,9 @@ class Learner:
         controller = getattr(self.objective, "kl_controller", None)
         if state.kl_coef is not None and controller:
             controller.value = state.kl_coef
-        log.info("resumed from %s at version %d", found, state.version)
+        self.resumed = True
+        log.info("resumed from %s at version %d (lineage %d's checkpoint)", found, state.version,
+                 state.lineage)
         return state
 
     def _serve_http(self) -> None:
@@ -165,9 +171,8 @@ class Learner:
         hf_state = None
         if lc.deepspeed.zero_stage == 3:
             hf_state = engine.full_state_dict(self.policy.module, 3, lc.lora.enabled)
-        if self.rank == 0:
-            self.state.cursor = self.schedule.feed.cursor
-            self.state.finished = self.schedule.finished
+        if self.rank == 0:  # from the learner's own records: a checkpoint needs no Redis (it may be down)
+            self.state.cursor, self.state.finished = self.schedule.known_cursor, self.schedule.known_finished
             controller = getattr(self.objective, "kl_controller", None)
             self.state.kl_coef = controller.value if controller else None
         path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state,

@@ -66,6 +66,14 @@ class LearnerMetrics:
                                "Entries not yet delivered to each stream's group.", ["stream"], registry=r)
         self.dead_letters = Gauge(names.LEARNER_DEAD_LETTER_ENTRIES,
                                   "Entries in the run's dead-letter stream.", registry=r)
+        self.lineage = Gauge(names.LEARNER_LINEAGE, "Lineage of this learner start (one per start).",
+                             registry=r)
+        self.old_lineage = Counter(names.LEARNER_OLD_LINEAGE_GROUPS_TOTAL,
+                                   "Groups sampled by an older lineage's weights, by stale-policy action.",
+                                   ["action"], registry=r)
+        self.requeued = Counter(names.LEARNER_REQUEUED_GROUPS_TOTAL,
+                                "Groups enqueued again at a start: update lost, or entry lost by Redis.",
+                                ["reason"], registry=r)
 
     def record_step(self, stats: dict[str, float], groups: list[TrainGroup], version: int) -> None:
         """A trained step: `version` is the one its update produced; staleness is per sample."""

@@ -27,6 +27,7 @@ from asyncrlhf.streams import (
     DEAD_LETTER,
     FEED_CURSOR,
     FLOW,
+    ID_FIELD,
     LEARNER_DEAD_LETTER_CURSOR,
     LEARNER_FINISHED,
     LEARNER_GROUP,
@@ -38,11 +39,12 @@ from asyncrlhf.streams import (
 from asyncrlhf.tasks import fit_prompts, load_task, plain_text
 from asyncrlhf.training.batch import TrainGroup, validate_group
 from asyncrlhf.training.checkpoint import LearnerState
-from services.learner.feed import PromptFeed
+from services.learner.feed import PromptFeed, group_index
 from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
 _STALE_LABELS = {"keep": "kept", "correct": "corrected", "drop": "dropped"}
+REDIS_CHECK_S = 1.0  # how often the learner checks whether Redis restarted
 
 
 @dataclass
@@ -61,9 +63,19 @@ class StepBatch:
         return StepBatch([self.deliveries[i] for i in order], [self.decisions[i] for i in order])
 
 
+def ids_in_streams(streams: RunStreams) -> set[str]:
+    """Group ids with an entry in a flow stream or in the dead-letter stream (in flight, or ending)."""
+    ids = {d.identity for d in streams.dead_letters(count=None)}
+    for spec, _ in FLOW:
+        entries = streams.client.xrange(streams.key(spec.name))
+        for _, fields in entries:  # type: ignore[union-attr]  # redis-py types replies as optional
+            ids.add(fields.get(ID_FIELD, b"").decode(errors="replace"))  # type: ignore[union-attr]
+    return ids
+
+
 class Schedule:
     def __init__(self, cfg: Config, client: redis.Redis, streams: RunStreams, tokenizer, state: LearnerState,
-                 metrics: LearnerMetrics):
+                 metrics: LearnerMetrics, resumed: bool = False):
         self.cfg, self.client, self.streams, self.metrics = cfg, client, streams, metrics
         self.consumer = streams.consumer(SCORED, LEARNER_GROUP, f"learner-{uuid.uuid4().hex[:6]}")
         self.consumed = ConsumedLog(cfg.run.path / CONSUMED_LOG)
@@ -80,10 +92,82 @@ class Schedule:
                                data_epochs=cfg.learner.data_epochs, cursor_key=streams.key(FEED_CURSOR))
         self._finished_key = streams.key(LEARNER_FINISHED)
         self._dlq_cursor_key = streams.key(LEARNER_DEAD_LETTER_CURSOR)
-        if self.feed.cursor < state.cursor:  # Redis came back empty: continue after the checkpoint's groups
-            client.set(self.feed.cursor_key, state.cursor)
-            client.set(self._finished_key, state.finished)
-        self.credits.reset(max(0, self.feed.cursor - self.finished))
+        # A new lineage continues the checkpoint's (or fresh weights): groups trained after it lost their
+        # update and are trained again.
+        state.lineage = self.consumed.begin(state.lineage if resumed else 0, state.version if resumed else 0)
+        self.lineage = self.feed.lineage = state.lineage
+        metrics.lineage.set(state.lineage)
+        self._recover(state.cursor, state.version)
+        self._redis_run_id, self._redis_checked = self._redis_identity(), time.monotonic()
+
+    def _redis_identity(self) -> str:
+        return str(self.client.info("server").get("run_id", ""))
+
+    def _after_redis_restart(self, version: int, holding: StepBatch) -> None:
+        """A Redis that restarted may have come back without its last writes (`appendfsync everysec`, or no
+        AOF): recover as at a start, the groups of the step being collected counted as present."""
+        if time.monotonic() - self._redis_checked < REDIS_CHECK_S:
+            return
+        self._redis_checked = time.monotonic()
+        run_id = self._redis_identity()
+        if run_id == self._redis_run_id:
+            return
+        log.warning("Redis restarted (run id %s -> %s): checking the streams against the consumed log",
+                    self._redis_run_id[:8], run_id[:8])
+        self._redis_run_id = run_id
+        self._recover(self.feed.known_cursor, version, {d.identity for d in holding.deliveries})
+
+    def _recover(
+        self, cursor_floor: int, version: int, holding: frozenset[str] | set[str] = frozenset()
+    ) -> None:
+        """Bring Redis in line with the consumed log (the learner's own fsynced record) at a start.
+
+        Every group below the cursor either ended for this lineage's model (trained in its history, dropped,
+        dead-lettered) or is in flight (an entry of a stream, or a dead letter not yet counted). Any other is
+        enqueued again under its id: a group trained after the resumed checkpoint (its update was lost with
+        the learner; re-enqueueing its prompt samples it afresh from the resumed weights, where replaying the
+        stored rollout would train the model on a dead lineage's samples, and acked rollouts are deleted), or
+        one whose entry a Redis crash lost. Then the finished count and the credits follow from the log."""
+        logged = [i + 1 for i in map(group_index, self.consumed.ids) if i >= 0]
+        cursor = max([self.feed.cursor, cursor_floor, *logged])
+        if cursor != self.feed.cursor:  # Redis came back without the cursor (lost, or an older AOF)
+            log.warning("feed cursor %d in Redis is behind the learner's records; continuing at %d",
+                        self.feed.cursor, cursor)
+            self.client.set(self.feed.cursor_key, cursor)
+            self.feed.known_cursor = cursor
+        present = ids_in_streams(self.streams) | holding
+        missing = [f"g{i:08d}" for i in range(cursor)]
+        missing = [g for g in missing if g not in self.consumed.ids and g not in present]
+        self.retrain = self.consumed.trained_elsewhere()  # groups whose update was lost: train them again
+        if missing:
+            retrain = [g for g in missing if g in self.retrain]
+            self._requeue(retrain, version, "update_lost")
+            self._requeue([g for g in missing if g not in self.retrain], version, "entry_lost")
+            log.warning("lineage %d: enqueued %d groups again (%d trained after the resumed checkpoint, %d "
+                        "lost from Redis)", self.lineage, len(missing), len(retrain),
+                        len(missing) - len(retrain))
+        finished = sum(1 for g in self.consumed.ids if self.feed.enqueued(g))
+        self.client.set(self._finished_key, finished)
+        self.credits.reset(max(0, cursor - finished))
+
+    def _requeue(self, group_ids: list[str], version: int, reason: str) -> None:
+        """Enqueue groups again under their ids (logged first: a crash in between is repaired at the next
+        start, which finds them in no stream)."""
+        if group_ids:
+            self.consumed.append("requeued", version, group_ids, lineage=self.lineage, reason=reason)
+            seen = [self.streams.seen_key(spec, group) for spec, group in FLOW]
+            self.feed.requeue(group_ids, version, seen)
+            self.metrics.requeued.labels(reason).inc(len(group_ids))
+
+    @property
+    def known_cursor(self) -> int:
+        """The feed cursor as this learner last wrote or read it (no Redis call)."""
+        return self.feed.known_cursor
+
+    @property
+    def known_finished(self) -> int:
+        """Groups below the cursor that ended, from the consumed log (no Redis call)."""
+        return sum(1 for g in self.consumed.ids if 0 <= group_index(g) < self.feed.known_cursor)
 
     @property
     def finished(self) -> int:
@@ -100,6 +184,7 @@ class Schedule:
         while len(batch.deliveries) < lc.groups_per_step:
             if stop.is_set():
                 return None
+            self._after_redis_restart(version, batch)
             self.feed.fill(version)
             while_waiting()
             self._reap_dead_letters(version)
@@ -116,11 +201,12 @@ class Schedule:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
         ids = [d.identity for d in batch.deliveries]
         self.consumed.append("trained", version, ids, staleness=[s.staleness for s in batch.decisions])
+        self.retrain.difference_update(ids)
         self.consumer.ack(batch.deliveries)
 
     def release(self, batch: StepBatch, version: int) -> None:
         """Free a trained step's credits and enqueue the next prompts at once."""
-        self._finish(len(batch.deliveries), f"trained:{batch.deliveries[0].identity}")
+        self._finish(len(batch.deliveries), f"trained:{self.lineage}:{batch.deliveries[0].identity}")
         self.feed.fill(version)
 
     def _admit(self, delivery: Delivery, batch: StepBatch, version: int) -> None:
@@ -133,13 +219,23 @@ class Schedule:
             self.consumer.dead_letter(delivery, f"learner cannot train on it: {problem}")
             return  # its credit comes back through the dead-letter scan
         decision = staleness_decision(group.policy_version, version, lc.max_staleness, lc.stale_policy)
+        if group.lineage and group.lineage != self.lineage:  # versions of another lineage do not compare
+            beyond = max(lc.max_staleness + 1, version - group.policy_version)
+            decision = staleness_decision(version - beyond, version, lc.max_staleness, lc.stale_policy)
+            self.metrics.old_lineage.labels(_STALE_LABELS[decision.action]).inc()
         if decision.action != "fresh":
             self.metrics.stale.labels(_STALE_LABELS[decision.action]).inc()
+        if not decision.trained and delivery.identity in self.retrain:
+            # Its earlier training was lost with a learner; dropping it would leave a group logged as trained
+            # in no model: sample it again from the current weights instead.
+            self.consumer.ack([delivery])
+            self._requeue([delivery.identity], version, "stale_retrain")
+            return
         if not decision.trained:
             self.consumed.append("dropped", version, [delivery.identity], staleness=decision.staleness)
             self.consumer.ack([delivery])
             self.metrics.groups.labels("dropped").inc()
-            self._finish(1, f"dropped:{delivery.identity}")
+            self._finish(1, f"dropped:{self.lineage}:{delivery.identity}")
             return
         batch.deliveries.append(delivery)
         batch.decisions.append(decision)
@@ -164,7 +260,7 @@ class Schedule:
         if lost:
             self.consumed.append("dead_lettered", version, lost)
             self.metrics.groups.labels("dead_lettered").inc(len(lost))
-            self._finish(len(lost), f"dead_lettered:{lost[0]}")
+            self._finish(len(lost), f"dead_lettered:{self.lineage}:{lost[0]}")
         self.client.set(self._dlq_cursor_key, entries[-1].entry_id)
         self.metrics.dead_letters.set(self.client.xlen(self.streams.key(DEAD_LETTER)))
 

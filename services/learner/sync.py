@@ -36,6 +36,7 @@ class WeightPublisher:
         self.cfg, self.policy, self.rank, self.registry, self.metrics = cfg, policy, rank, registry, metrics
         self.pusher = WeightPusher.from_config(cfg) if rank == 0 else None
         self.version = 0
+        self.lineage = 0  # this learner start's lineage: pushed with every version
         self._weights: dict[str, torch.Tensor] | None = None
         self._pushed: dict[str, tuple[int, float]] = {}  # generator id -> (version pushed, when)
         self._last_sync = 0.0
@@ -58,7 +59,7 @@ class WeightPublisher:
         retry_after = 2 * self.cfg.generator.heartbeat_s
         behind = [
             PushTarget(m.id, m.address) for m in self._live()
-            if m.version < self.version
+            if (m.lineage, m.version) < (self.lineage, self.version)
             and (self._pushed.get(m.id, (0, 0.0))[0] < self.version
                  or now - self._pushed[m.id][1] > retry_after)
         ]
@@ -76,7 +77,7 @@ class WeightPublisher:
     def _push(self, targets: list[PushTarget]) -> None:
         if not targets or self._weights is None or self.pusher is None:  # only rank 0 pushes
             return
-        for outcome in self.pusher.push(self._weights, self.version, targets):
+        for outcome in self.pusher.push(self._weights, self.version, targets, lineage=self.lineage):
             target = outcome.target.id
             self.metrics.push_time.labels(target).set(outcome.seconds)
             if outcome.status == "ok":

@@ -3,6 +3,7 @@ DeepSpeed."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,3 +78,48 @@ def test_sigint_stops_everything_and_leaves_a_resumable_checkpoint(tmp_path):
     assert version == max(trained)  # the checkpoint holds every trained step: nothing to redo
     leftover = subprocess.run(["pgrep", "-f", f"e2e-{tmp_path.name}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "services still running after the stop"
+
+
+def _trained_rows(consumed: Path) -> list[dict]:
+    if not consumed.exists():
+        return []
+    return [r for r in map(json.loads, consumed.read_text().splitlines()) if r["kind"] == "trained"]
+
+
+def test_a_killed_learner_is_restarted_and_resumes_from_its_checkpoint(tmp_path):
+    proc = up(tmp_path, "learner.total_steps=8", "launch.evaluator=false", "launch.restart=true",
+              "launch.restart_backoff_s=0.5", start_new_session=True)
+    consumed = tmp_path / "run" / "consumed.jsonl"
+    deadline = time.monotonic() + 240
+    while len(_trained_rows(consumed)) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+        time.sleep(0.2)
+    pattern = f"services.learner .*e2e-{tmp_path.name}"
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    for pid in found.stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    code, out = finish(proc, timeout=300)
+    assert code == 0, out[-4000:]
+    assert "learner exited with -9; restarting" in out
+    summary = json.loads((tmp_path / "run" / "up_summary.json").read_text())
+    assert summary["services"]["learner"]["restarts"] == 1 and summary["learner_version"] == 9
+    learner_log = (tmp_path / "run" / "logs" / "learner.log").read_text()
+    assert "resumed from" in learner_log and "(lineage 1's checkpoint)" in learner_log
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    audit = subprocess.run([sys.executable, "-m", "asyncrlhf.cli", "audit", str(tmp_path / "run"), "--json"],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    verdict = json.loads(audit.stdout)
+    assert verdict["updates_lost"] == [] and verdict["trained_twice"] == [] and verdict["lost"] == []
+    assert [e["lineage"] for e in verdict["lineages"]] == [1, 2]  # the restart began lineage 2
+    assert verdict["lineages"][1]["from_lineage"] == 1
+
+
+def test_a_service_crashing_past_the_restart_rate_stops_the_run_naming_it(tmp_path):
+    code, out = finish(up(tmp_path, "reward.scorers=[{kind: rule, name: no_such_rule}]",
+                          "launch.evaluator=false", "launch.restart=true", "launch.max_restarts=2",
+                          "launch.restart_backoff_s=0.1"), timeout=240)
+    assert code == 1
+    assert re.search(r"reward-0 exited with code \d+ and was restarted 2 times", out), out[-3000:]
+    assert "launch.max_restarts=2" in out and "no_such_rule" in out
+    assert "At risk: no rollouts are scored" in out

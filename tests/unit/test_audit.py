@@ -69,3 +69,46 @@ def test_more_in_flight_than_the_credit_bound_fails():
 def test_an_ended_group_beyond_the_cursor_is_unknown():
     audit = account(1, rows(("trained", ["g00000000", "g00000007"])), [], {})
     assert not audit.ok and audit.unknown == ["g00000007"]
+
+
+def lineage(n, parent, version):
+    return {"kind": "lineage", "lineage": n, "from_lineage": parent, "version": version, "group_ids": []}
+
+
+def trained(n, version, ids):
+    return {"kind": "trained", "lineage": n, "version": version, "group_ids": ids}
+
+
+def test_a_group_retrained_after_a_resume_is_in_the_final_history_once():
+    rows = [lineage(1, 0, 0), trained(1, 2, ["g00000000"]), trained(1, 3, ["g00000001"]),
+            lineage(2, 1, 2), {"kind": "requeued", "lineage": 2, "version": 2, "group_ids": ["g00000001"]},
+            trained(2, 3, ["g00000001"])]
+    audit = account(2, rows, [], {}, credit_bound=2)
+    assert audit.ok, format_audit(audit, "t")
+    assert audit.trained == 2 and audit.trained_twice == [] and audit.updates_lost == []
+    first, second = audit.lineages
+    assert (first["trained"], first["in_final_history"]) == (2, 1)
+    assert (second["from_lineage"], second["from_version"], second["requeued"]) == (1, 2, 1)
+    assert "lineage 2   from lineage 1 at version 2" in format_audit(audit, "t")
+
+
+def test_a_group_whose_update_was_lost_and_never_retrained_fails():
+    rows = [lineage(1, 0, 0), trained(1, 2, ["g00000000"]), trained(1, 3, ["g00000001"]), lineage(2, 1, 2)]
+    audit = account(2, rows, [], {})
+    assert not audit.ok and audit.updates_lost == ["g00000001"] and audit.lost == []
+    assert "UPDATE LOST" in format_audit(audit, "t")
+    in_flight = account(2, rows, [], {"prompts": {"g00000001"}})  # enqueued again, not yet trained: fine
+    assert in_flight.ok and in_flight.updates_lost == []
+
+
+def test_training_twice_within_the_final_history_fails_across_lineages():
+    rows = [lineage(1, 0, 0), trained(1, 2, ["g00000000"]), lineage(2, 1, 2), trained(2, 3, ["g00000000"])]
+    audit = account(1, rows, [], {})
+    assert not audit.ok and audit.trained_twice == ["g00000000"]
+
+
+def test_a_group_dropped_after_its_update_was_lost_is_an_update_lost():
+    rows = [lineage(1, 0, 0), trained(1, 2, ["g00000000"]), lineage(2, 0, 0),
+            {"kind": "dropped", "version": 1, "group_ids": ["g00000000"]}]
+    audit = account(1, rows, [], {})
+    assert not audit.ok and audit.updates_lost == ["g00000000"]

@@ -44,7 +44,8 @@ class Actor:
         self.receiver = WeightReceiver(ModuleTarget(self.model, names))
         self.server, port = serve(self.receiver, "127.0.0.1", 0)
         self.heartbeat = Heartbeat(Registry(self.client, cfg.run.name, ttl_s=5), "actor", f"127.0.0.1:{port}",
-                                   lambda: self.receiver.version, period_s=0.2).start()
+                                   lambda: self.receiver.version, period_s=0.2,
+                                   lineage=lambda: self.receiver.lineage).start()
         self.version_offset = version_offset
         self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
         self.stop = threading.Event()

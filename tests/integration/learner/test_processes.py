@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 from safetensors.torch import load_file
 
+from asyncrlhf.audit import audit_run, format_audit
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
@@ -98,9 +100,19 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
         wait(start(cmd, second_log), 180, second_log)
     finally:
         actor.close()
-    assert "resumed from" in second_log.read_text() and "at version 3" in second_log.read_text()
-    trained = [g for r in consumed(cfg) if r["kind"] == "trained" for g in r["group_ids"]]
-    assert len(trained) == len(set(trained)), "a group was trained twice"
-    versions = [r["version"] for r in consumed(cfg) if r["kind"] == "trained"]
+    second = second_log.read_text()
+    assert "resumed from" in second and "at version 3 (lineage 1's checkpoint)" in second
+    rows = consumed(cfg)
+    lost_updates = {g for r in rows if r["kind"] == "trained" and r["lineage"] == 1 and r["version"] > 3
+                    for g in r["group_ids"]}  # trained after the checkpoint the second start resumed from
+    retrained = {g for r in rows if r["kind"] == "trained" and r["lineage"] == 2 for g in r["group_ids"]}
+    assert lost_updates <= retrained, "a group whose update died with the learner was not trained again"
+    if lost_updates:
+        assert any(r["kind"] == "requeued" and lost_updates <= set(r["group_ids"]) for r in rows)
+    audit = audit_run(cfg, redis.Redis.from_url(redis_url))
+    assert not audit.trained_twice and not audit.updates_lost and not audit.lost, format_audit(audit, "t")
+    assert [e["lineage"] for e in audit.lineages] == [1, 2] and audit.lineages[1]["from_version"] == 3
+    versions = [r["version"] for r in rows if r["kind"] == "trained"]
     assert versions[-1] == 7 and killed_at >= 3
-    assert read_state(step_dir(cfg.run.path, 7)).version == 7
+    state = read_state(step_dir(cfg.run.path, 7))
+    assert (state.version, state.lineage) == (7, 2)

@@ -85,3 +85,30 @@ def test_receiver_rejection_leaves_the_module_untouched():
         WeightReceiver(ModuleTarget(live)).receive(messages[:-1])
     assert err.value.reason == "truncated"
     assert all(torch.equal(live.state_dict()[k], before[k]) for k in before)
+
+
+def test_a_newer_lineage_is_accepted_at_a_lower_version_and_an_older_lineage_is_refused():
+    target = RecordingTarget({"w": torch.zeros(3)})
+    seen: list[int] = []
+    receiver = WeightReceiver(target, on_lineage=seen.append)
+    push = {"w": torch.arange(3.0)}
+    assert receiver.receive(chunks(prepare(push), 9, chunk_bytes=4, lineage=1)).lineage == 1
+    result = receiver.receive(chunks(prepare(push), 4, chunk_bytes=4, lineage=2))  # a restarted learner
+    assert (result.version, result.lineage) == (4, 2) and (receiver.version, receiver.lineage) == (4, 2)
+    assert receiver.status().lineage == 2 and seen == [1, 2]
+    with pytest.raises(PushRejected, match="stale_lineage"):  # the learner that was replaced
+        receiver.receive(chunks(prepare(push), 10, chunk_bytes=4, lineage=1))
+    with pytest.raises(PushRejected, match="stale_version"):  # within a lineage, versions only go forward
+        receiver.receive(chunks(prepare(push), 4, chunk_bytes=4, lineage=2))
+    assert receiver.receive(chunks(prepare(push), 5, chunk_bytes=4, lineage=2)).version == 5
+    assert [c[0] for c in target.calls] == [9, 4, 5] and (receiver.version, receiver.lineage) == (5, 2)
+
+
+def test_a_push_that_changes_lineage_mid_stream_is_refused():
+    receiver = WeightReceiver(RecordingTarget({"w": torch.zeros(3), "b": torch.zeros(1)}))
+    push = {"w": torch.arange(3.0), "b": torch.ones(1)}
+    first = list(chunks(prepare(push), 2, chunk_bytes=4, lineage=1))
+    other = list(chunks(prepare(push), 2, chunk_bytes=4, lineage=2))
+    with pytest.raises(PushRejected, match="changed mid-push"):
+        receiver.receive([first[0], *other[1:]])
+    assert receiver.version == 0

@@ -1,0 +1,157 @@
+"""`asyncrlhf bench chaos [CONFIG.yaml] --seed S --kills K [key=value ...]`: random SIGKILLs in a local run.
+
+Starts `asyncrlhf up CONFIG` with restarts on (`launch.restart=true`), then every 4-8 s (`--every A,B`)
+SIGKILLs one service chosen at random by `--seed`: the learner, a generator or a reward replica, and the
+embedded Redis `--redis-kills` times (default once, among the first six kills). `up` restarts each (the
+learner resumes from its latest checkpoint, Redis from its append-only file). When the run ends it prints
+the kills per service, the restarts, the steps reached and the verdict of `asyncrlhf audit`: groups lost,
+trained twice, updates lost.
+Exit 0 when the run reached `learner.total_steps` and the audit is clean.
+
+Defaults (overridable): configs/tiny.yaml, 2 generators, 2 reward replicas, 300 steps, a checkpoint every
+7 steps, and short fault-detection timeouts so that a killed service is noticed within seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+DEFAULTS = [
+    "generator.replicas=2", "reward.replicas=2", "launch.restart=true", "launch.evaluator=false",
+    "launch.max_restarts=30", "launch.restart_window_s=300", "launch.restart_backoff_s=0.5",
+    "learner.total_steps=300", "learner.checkpoint_every=7", "learner.keep_checkpoints=3",
+    "redis.claim_idle_ms=2000", "redis.block_ms=200", "redis.reconnect_max_s=1",
+    "generator.heartbeat_s=0.5", "generator.registry_ttl_s=6", "learner.push_timeout_s=5",
+]
+KINDS = ("learner", "generator", "reward")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="asyncrlhf bench chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/tiny.yaml", help="the run's config (YAML)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kills", type=int, default=10, help="SIGKILLs in all (Redis's included)")
+    parser.add_argument("--redis-kills", type=int, default=1)
+    parser.add_argument("--every", default="4,8", help="seconds between kills: MIN,MAX")
+    parser.add_argument("--root", default="runs", help="the run goes to ROOT/chaos-<seed>")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="give up on the run after this long")
+    argv = [f"--config={a}" if a.endswith((".yaml", ".yml")) and "=" not in a else a for a in argv]
+    args, overrides = parser.parse_known_args(argv)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        parser.error(f"unknown arguments {bad}: overrides are key=value")
+    return args, overrides
+
+
+def pids(pattern: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split() if int(p) != os.getpid()]
+
+
+def targets(run_name: str, log_path: Path, kind: str) -> list[int]:
+    """The live processes of `kind` in this run (`redis`: its embedded server, found by the port that `up`
+    printed: redis-server rewrites its command line to `redis-server HOST:PORT`)."""
+    if kind == "redis":
+        found = re.search(r"Redis redis://[^ ]*:(\d+)/", log_path.read_text(errors="replace"))
+        return pids(f"redis-server [^ ]*:{found.group(1)}$") if found else []
+    return pids(f"services\\.{kind} .*run\\.name={run_name}( |$)")
+
+
+def trained_steps(run_dir: Path) -> int:
+    path = run_dir / "consumed.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if '"kind": "trained"' in line)
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = parse(list(argv))
+    low, high = (float(x) for x in args.every.split(","))
+    rng = random.Random(args.seed)
+    run_name = f"chaos-{args.seed}"
+    run_dir = Path(args.root).resolve() / run_name
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "up", args.config, *DEFAULTS, *overrides,
+           f"run.name={run_name}", f"run.dir={run_dir}"]
+    if run_dir.exists() and any(run_dir.iterdir()):
+        print(f"asyncrlhf bench chaos: {run_dir} is not empty (a previous run would be resumed): delete "
+              "it or pass another --root", file=sys.stderr)
+        return 2
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir.parent / f"{run_name}.up.log"
+    early = max(min(args.kills, 6), args.redis_kills)  # Redis dies early, so it happens before the run ends
+    redis_at = set(rng.sample(range(early), min(args.redis_kills, args.kills)))
+    kills: Counter[str] = Counter()
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        up = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    print(f"bench chaos: seed {args.seed}, {args.kills} kills every {low:g}-{high:g} s; run in {run_dir}, "
+          f"`up` log {log_path}", flush=True)
+    try:
+        while trained_steps(run_dir) < 1 and up.poll() is None:  # the pipeline is up before the first kill
+            time.sleep(0.5)
+        for i in range(args.kills):
+            deadline = time.monotonic() + rng.uniform(low, high)
+            while time.monotonic() < deadline and up.poll() is None:
+                time.sleep(0.2)
+            if up.poll() is not None:
+                break
+            kind = "redis" if i in redis_at else rng.choice(KINDS)
+            live = targets(run_name, log_path, kind)
+            if not live:  # it is restarting right now
+                continue
+            victim = rng.choice(sorted(live))
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            kills[kind] += 1
+            print(f"  {time.monotonic() - started:7.1f} s  SIGKILL {kind} (pid {victim})", flush=True)
+        code = up.wait(timeout=max(1.0, args.timeout - (time.monotonic() - started)))
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        os.killpg(up.pid, signal.SIGTERM)
+        code = up.wait()
+    return report(args, run_dir, log_path, kills, code, time.monotonic() - started)
+
+
+def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, seconds: float) -> int:
+    from asyncrlhf.audit import audit_run, connect_for_audit, load_audit_config
+    from asyncrlhf.training.checkpoint import latest_version
+
+    cfg = load_audit_config([str(run_dir)])
+    summary_path = run_dir / "up_summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    restarts = {name: s["restarts"] for name, s in summary.get("services", {}).items() if s["restarts"]}
+    version = latest_version(cfg)
+    steps = (version or 1) - 1
+    with ExitStack() as stack:
+        audit = audit_run(cfg, connect_for_audit(cfg, stack))
+    result = {
+        "seed": args.seed, "up_exit": code, "seconds": round(seconds, 1), "kills": dict(kills),
+        "restarts": restarts, "redis_restarts": _count(log_path, "Redis exited"),
+        "steps": steps, "total_steps": cfg.learner.total_steps, "lineages": len(audit.lineages),
+        "audit_ok": audit.ok, "lost": len(audit.lost), "trained_twice": len(audit.trained_twice),
+        "updates_lost": len(audit.updates_lost), "in_flight": audit.in_flight_total,
+    }
+    print(f"bench chaos seed {args.seed}: `up` exit {code} after {seconds:.0f} s; steps {steps}/"
+          f"{cfg.learner.total_steps}; kills {dict(kills)}; restarts {restarts} (Redis "
+          f"{result['redis_restarts']}); {len(audit.lineages)} lineages")
+    print(f"  audit: {'OK' if audit.ok else 'FAILED'}: lost {len(audit.lost)}, trained twice "
+          f"{len(audit.trained_twice)}, updates lost {len(audit.updates_lost)}, in flight "
+          f"{audit.in_flight_total}")
+    print(json.dumps(result), flush=True)
+    return 0 if code == 0 and steps >= cfg.learner.total_steps and audit.ok else 1
+
+
+def _count(path: Path, text: str) -> int:
+    return path.read_text(errors="replace").count(text) if path.exists() else 0

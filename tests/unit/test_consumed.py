@@ -1,0 +1,41 @@
+"""The consumed log's lineages: which trainings the model of the last learner start holds."""
+
+import json
+
+import pytest
+
+from asyncrlhf.consumed import ConsumedLog, History, read_rows
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_history_follows_each_lineage_back_to_the_checkpoint_it_resumed():
+    h = History(3, {1: (0, 0), 2: (1, 5), 3: (2, 7)})
+    assert h.contains(3, 8) and h.contains(3, 100)
+    assert h.contains(2, 7) and not h.contains(2, 8)  # lineage 2 trained version 8, lineage 3 resumed at 7
+    assert h.contains(1, 5) and not h.contains(1, 6)
+    assert not h.contains(0, 2)  # lineage 1 began from fresh weights
+
+
+def test_a_restart_makes_groups_trained_after_the_checkpoint_trainable_again(tmp_path):
+    log = ConsumedLog(tmp_path / "consumed.jsonl")
+    assert log.begin(0, 0) == 1
+    log.append("trained", 2, ["g00000000", "g00000001"])
+    log.append("dropped", 2, ["g00000002"])
+    log.append("trained", 3, ["g00000003"])  # the checkpoint is at version 2; version 3 dies with the learner
+    again = ConsumedLog(tmp_path / "consumed.jsonl")  # the restarted learner
+    assert again.ids == {"g00000000", "g00000001", "g00000002", "g00000003"}  # before its lineage begins
+    assert again.begin(1, 2) == 2
+    assert again.ids == {"g00000000", "g00000001", "g00000002"}
+    assert again.trained_elsewhere() == {"g00000003"}
+    again.append("trained", 3, ["g00000003"])
+    assert again.trained_elsewhere() == set() and "g00000003" in again.ids
+    rows = read_rows(tmp_path)
+    assert [r.get("lineage") for r in rows if r["kind"] == "trained"] == [1, 1, 2]
+
+
+def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
+    path = tmp_path / "consumed.jsonl"
+    row = {"kind": "trained", "version": 2, "group_ids": ["g00000000"]}
+    path.write_text(json.dumps(row) + '\n{"kind": "tra')
+    assert ConsumedLog(path).ids == {"g00000000"}

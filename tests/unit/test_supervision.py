@@ -1,0 +1,38 @@
+"""The restart policy of `asyncrlhf up`: back-off that doubles, a cap that is a rate (N in a window)."""
+
+import pytest
+
+from asyncrlhf.supervision import RestartPolicy, cap_message
+
+pytestmark = pytest.mark.unit
+
+
+def test_backoff_doubles_while_crash_looping_is_capped_and_resets_after_a_stable_run():
+    policy = RestartPolicy(max_restarts=10, window_s=100, backoff_s=1, backoff_max_s=5, stable_s=10)
+    delays = [policy.on_crash(t, uptime_s=0.5).at - t for t in (0, 1, 2, 3, 4)]
+    assert delays == [1, 2, 4, 5, 5]
+    assert policy.on_crash(30, uptime_s=12).at - 30 == 1  # ran 12 s: killed, not crash-looping
+
+
+def test_the_cap_is_a_rate_not_a_lifetime_count():
+    policy = RestartPolicy(max_restarts=2, window_s=60, backoff_s=1)
+    assert policy.on_crash(0) and policy.on_crash(10)
+    assert policy.on_crash(20) is None  # a third crash within 60 s: the run stops
+    restart = policy.on_crash(65)  # the crash at 0 left the window: allowed again, with a short back-off
+    assert restart is not None and restart.count == 2 and restart.at - 65 == 4  # still crash-looping
+    for t in range(1000, 100_000, 1000):  # a long run with a crash now and then never reaches the cap
+        assert policy.on_crash(t) is not None
+    assert policy.total > 100
+
+
+def test_zero_restarts_stops_at_the_first_crash():
+    assert RestartPolicy(max_restarts=0, window_s=60).on_crash(0) is None
+
+
+def test_the_cap_message_names_the_service_its_code_the_risk_and_its_log():
+    policy = RestartPolicy(max_restarts=1, window_s=60)
+    policy.on_crash(0)
+    text = cap_message("learner", "learner", -9, policy, "Traceback: boom", "/run/logs/learner.log")
+    assert "learner exited with code -9" in text and "launch.max_restarts=1" in text
+    assert "resumes from the latest checkpoint" in text and "Traceback: boom" in text
+    assert "/run/logs/learner.log" in text
