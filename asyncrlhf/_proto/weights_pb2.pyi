@@ -27,7 +27,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "shm_segment", "shm_offset")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,8 @@ class WeightChunk(_message.Message):
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: DType
@@ -48,7 +50,9 @@ class WeightChunk(_message.Message):
     commit: bool
     tensor_count: int
     partial: bool
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ...) -> None: ...
+    shm_segment: str
+    shm_offset: int
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("version", "tensor_count", "bytes", "apply_seconds")
@@ -67,11 +71,13 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("version", "updated_at", "tensor_count")
+    __slots__ = ("version", "updated_at", "tensor_count", "shm_host")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SHM_HOST_FIELD_NUMBER: _ClassVar[int]
     version: int
     updated_at: float
     tensor_count: int
-    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ...) -> None: ...
+    shm_host: str
+    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., shm_host: _Optional[str] = ...) -> None: ...

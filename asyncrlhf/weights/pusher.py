@@ -3,7 +3,10 @@
 `WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push dtype once, checksums
 each tensor once (XXH3-64, in a background thread, shared by all targets) and streams chunks to every
 target concurrently, each with its own deadline, encoding the next chunk while gRPC sends this one; it
-returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or unreachable.
+returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or unreachable. Targets that share
+this host's shared memory (their GetStatus says so, asked once per address) get the bytes through one
+segment per version (`shm.ShmPublication`) and only control messages over gRPC; one that cannot open the
+segment is pushed the byte stream instead, from then on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, checksum, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
+from asyncrlhf.weights.shm import ShmPublication, shm_host, sweep_stale
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class PushOutcome:
     bytes: int
 
 
+PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target whether it shares our shared memory
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -81,17 +86,51 @@ def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
         stop.set()
 
 
+class _OneSegment:
+    """The shared-memory segment of one push, written on first use (only if a target is local)."""
+
+    def __init__(self, tensors: Sequence[WireTensor], version: int, checksums: Sequence[Future[int]]):
+        self._args = (tensors, version, checksums)
+        self._publication: ShmPublication | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ShmPublication:
+        with self._lock:
+            if self._publication is None:
+                self._publication = ShmPublication(*self._args)
+            return self._publication
+
+    def close(self) -> None:
+        with self._lock:
+            if self._publication is not None:
+                self._publication.close()
+
+
+def _shm_requests(publication: ShmPublication, partial: bool, timeout_s: float) -> Iterator[bytes]:
+    """The control messages of a same-host push: one per tensor as its bytes land in the segment, then the
+    commit."""
+    for i in range(len(publication.tensors)):
+        yield publication.control(i, timeout_s).SerializeToString()
+    commit = pb.WeightChunk(version=publication.version, commit=True, tensor_count=len(publication.tensors),
+                            partial=partial)
+    yield commit.SerializeToString()
+
+
 class WeightPusher:
     """Pushes versions to many WeightSync servers at once. Channels are kept per address and reused."""
 
     def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
-                 dtype: str | None = "float32", timeout_s: float = 60.0):
+                 dtype: str | None = "float32", timeout_s: float = 60.0, shm: bool = True):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
         self._metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self._shm_host = shm_host() if shm else ""
+        self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
+        if self._shm_host:
+            sweep_stale()  # segments of a pusher that was killed mid-push
 
     @classmethod
     def from_config(cls, cfg) -> WeightPusher:
@@ -112,8 +151,13 @@ class WeightPusher:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-hash") as hasher, \
                 ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
             checksums = [hasher.submit(checksum, t) for t in tensors]  # once, ahead of every sender
-            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums) for t in targets]
-            return [f.result() for f in futures]
+            segment = _OneSegment(tensors, version, checksums)
+            try:
+                futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums, segment)
+                           for t in targets]
+                return [f.result() for f in futures]
+            finally:
+                segment.close()  # every push has ended: remove the segment, if one was written
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
         stub = pb_grpc.WeightSyncStub(self._channel(address))
@@ -133,21 +177,38 @@ class WeightPusher:
 
     def _push_one(
         self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool,
-        checksums: Sequence[Future[int]],
+        checksums: Sequence[Future[int]], segment: _OneSegment | None = None,
     ) -> PushOutcome:
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         start = time.perf_counter()
+        publication = None
         try:
-            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums))
-            reply = push_weights(requests,
-                                 timeout=self.timeout_s, metadata=self._metadata)
+            publication = segment.get() if segment is not None and self._is_local(target.address) else None
+            if publication is not None:
+                requests = _shm_requests(publication, partial, self.timeout_s)
+            else:
+                requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums))
+            reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
+            if publication is not None and (err.details() or "").startswith("shm_unavailable"):
+                self._local[target.address] = False  # it does not see our segments: stream to it
+                return self._push_one(tensors, version, target, partial, checksums)
             status = "unreachable" if code in _UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
+
+    def _is_local(self, address: str) -> bool:
+        """Whether `address` shares this host's shared memory, asked once per address. A target that does
+        not answer raises the RpcError: it is unreachable, and the push would be too."""
+        if not self._shm_host:
+            return False
+        if address not in self._local:
+            status = self.get_status(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+            self._local[address] = status.shm_host == self._shm_host
+        return self._local[address]
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:
