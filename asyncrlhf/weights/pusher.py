@@ -1,12 +1,12 @@
 """The pushing side (learner): one version to many WeightSync servers at once.
 
-`WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push dtype once, checksums
-each tensor once (XXH3-64, in a background thread, shared by all targets) and streams chunks to every
-target concurrently, each with its own deadline, encoding the next chunk while gRPC sends this one; it
-returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or unreachable. Targets that share
-this host's shared memory (their GetStatus says so, asked once per address) get the bytes through one
-segment per version (`shm.ShmPublication`) and only control messages over gRPC; one that cannot open the
-segment is pushed the byte stream instead, from then on.
+`WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push dtype once and pushes to
+every target concurrently, each with its own deadline; it returns one `PushOutcome` per target: ok, rejected
+(the receiver's reason) or unreachable. Each version is prepared once per path, whatever the number of
+targets: targets that share this host's shared memory (their GetStatus says so, asked once per address) get
+the bytes through one segment (`shm.ShmPublication`) and only control messages over gRPC; the others get
+one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all
+of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then on.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Full, Queue
 from typing import Literal
@@ -24,9 +24,10 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, checksum, encoded_chunks, prepare
+from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
 from asyncrlhf.weights.shm import ShmPublication, shm_host, sweep_stale
+from asyncrlhf.weights.stream import EncodedOnce
 
 
 @dataclass(frozen=True)
@@ -86,26 +87,6 @@ def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
         stop.set()
 
 
-class _OneSegment:
-    """The shared-memory segment of one push, written on first use (only if a target is local)."""
-
-    def __init__(self, tensors: Sequence[WireTensor], version: int, checksums: Sequence[Future[int]]):
-        self._args = (tensors, version, checksums)
-        self._publication: ShmPublication | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> ShmPublication:
-        with self._lock:
-            if self._publication is None:
-                self._publication = ShmPublication(*self._args)
-            return self._publication
-
-    def close(self) -> None:
-        with self._lock:
-            if self._publication is not None:
-                self._publication.close()
-
-
 def _shm_requests(publication: ShmPublication, partial: bool, timeout_s: float) -> Iterator[bytes]:
     """The control messages of a same-host push: one per tensor as its bytes land in the segment, then the
     commit."""
@@ -148,16 +129,20 @@ class WeightPusher:
                       *, partial: bool = False) -> list[PushOutcome]:
         if not targets:
             return []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-hash") as hasher, \
-                ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
-            checksums = [hasher.submit(checksum, t) for t in tensors]  # once, ahead of every sender
-            segment = _OneSegment(tensors, version, checksums)
+        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
+            paths = list(pool.map(self._path, [t.address for t in targets]))
+            streamed = paths.count("stream")
+            segment = ShmPublication(tensors, version) if "shm" in paths else None
+            shared = EncodedOnce(tensors, version, self.chunk_bytes, partial) if streamed > 1 else None
             try:
-                futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums, segment)
-                           for t in targets]
+                futures = [pool.submit(self._push_one, tensors, version, t, partial, path, segment, shared)
+                           for t, path in zip(targets, paths, strict=True)]
                 return [f.result() for f in futures]
             finally:
-                segment.close()  # every push has ended: remove the segment, if one was written
+                if segment is not None:
+                    segment.close()  # every local push has ended: remove the segment
+                if shared is not None:
+                    shared.close()
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
         stub = pb_grpc.WeightSyncStub(self._channel(address))
@@ -176,39 +161,45 @@ class WeightPusher:
         self.close()
 
     def _push_one(
-        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool,
-        checksums: Sequence[Future[int]], segment: _OneSegment | None = None,
+        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool, path: str,
+        segment: ShmPublication | None, shared: EncodedOnce | None,
     ) -> PushOutcome:
+        start = time.perf_counter()
+        if path.startswith("unreachable:"):  # "unreachable:<the status code GetStatus got>"
+            code_name = path.split(":", 1)[1]
+            return PushOutcome(target, "unreachable", code_name, "no answer to GetStatus", 0, 0.0, 0)
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
-        start = time.perf_counter()
-        publication = None
+        if segment is not None and path == "shm":
+            requests: Iterator[bytes] = _shm_requests(segment, partial, self.timeout_s)
+        elif shared is not None:
+            requests = shared.reader()
+        else:
+            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial))
         try:
-            publication = segment.get() if segment is not None and self._is_local(target.address) else None
-            if publication is not None:
-                requests = _shm_requests(publication, partial, self.timeout_s)
-            else:
-                requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums))
             reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
-            if publication is not None and (err.details() or "").startswith("shm_unavailable"):
+            if path == "shm" and (err.details() or "").startswith("shm_unavailable"):
                 self._local[target.address] = False  # it does not see our segments: stream to it
-                return self._push_one(tensors, version, target, partial, checksums)
+                return self._push_one(tensors, version, target, partial, "stream", None, None)
             status = "unreachable" if code in _UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
 
-    def _is_local(self, address: str) -> bool:
-        """Whether `address` shares this host's shared memory, asked once per address. A target that does
-        not answer raises the RpcError: it is unreachable, and the push would be too."""
+    def _path(self, address: str) -> str:
+        """How a push reaches `address`: "shm" (it shares this host's shared memory; asked once per
+        address), "stream", or "unreachable:<code>" (no answer to that question: the push would get none)."""
         if not self._shm_host:
-            return False
+            return "stream"
         if address not in self._local:
-            status = self.get_status(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+            try:
+                status = self.get_status(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+            except grpc.RpcError as err:
+                return f"unreachable:{err.code().name}" if err.code() in _UNREACHABLE else "stream"
             self._local[address] = status.shm_host == self._shm_host
-        return self._local[address]
+        return "shm" if self._local[address] else "stream"
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:

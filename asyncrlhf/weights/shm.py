@@ -29,11 +29,11 @@ import re
 import secrets
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.codec import FROM_WIRE, WireTensor
@@ -42,6 +42,7 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "asyncrlhf-w-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-\d+-[0-9a-f]+$")  # asyncrlhf-w-<pid>-<version>-<random>
 _ALIGN = 64
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map the written pages at once, not one fault each
 
 
 def shm_host() -> str:
@@ -81,13 +82,14 @@ def _alive(pid: int) -> bool:
 
 
 class ShmPublication:
-    """One version's tensors in one segment, written tensor by tensor by a background thread; `control(i)`
-    (blocking until tensor i is written and hashed) is the message that hands it to a receiver. `close`
-    removes the segment; call it once every local push of the version has ended, however it ended."""
+    """One version's tensors in one segment, written tensor by tensor by a background thread, each hashed
+    (XXH3-64) as written, from the segment, while in cache; `control(i)` (blocking until tensor i is written)
+    is the message that hands it to a receiver. `close` removes the segment; call it once every local push
+    of the version has ended, however it ended."""
 
-    def __init__(self, tensors: Sequence[WireTensor], version: int, checksums: Sequence[Future[int]],
-                 directory: Path = SHM_DIR):
-        self.tensors, self.version, self._checksums = tensors, version, checksums
+    def __init__(self, tensors: Sequence[WireTensor], version: int, directory: Path = SHM_DIR):
+        self.tensors, self.version = tensors, version
+        self._checksums = [0] * len(tensors)
         self.offsets, size = [], 0
         for t in tensors:
             self.offsets.append(size)
@@ -114,7 +116,10 @@ class ShmPublication:
             for i, t in enumerate(self.tensors):
                 start, n = self.offsets[i], t.data.nbytes
                 if n:
-                    whole[start:start + n].copy_(torch.frombuffer(t.data, dtype=torch.uint8))
+                    written = whole[start:start + n]
+                    written.copy_(torch.frombuffer(t.data, dtype=torch.uint8))
+                    self._checksums[i] = xxhash.xxh3_64_intdigest(written.numpy().data)
+                    del written
                 self._written[i].set()
             del whole
         except BaseException as err:  # handed to every sender, raised there
@@ -131,7 +136,7 @@ class ShmPublication:
         t = self.tensors[i]
         dtype: Any = t.dtype  # a pb.DType value
         return pb.WeightChunk(version=self.version, name=t.name, dtype=dtype, shape=t.shape, offset=0,
-                              checksum=self._checksums[i].result(timeout_s), shm_segment=self.name,
+                              checksum=self._checksums[i], shm_segment=self.name,
                               shm_offset=self.offsets[i])
 
     def close(self) -> None:
@@ -194,7 +199,7 @@ class SegmentReader:
                                                   "the pusher falls back to the byte stream") from err
         try:
             size = os.fstat(fd).st_size
-            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ, flags=mmap.MAP_SHARED | _POPULATE)
         finally:
             os.close(fd)
         self._mmaps.append(mapped)

@@ -16,7 +16,7 @@ from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights import pusher as pusher_module
 from asyncrlhf.weights import receiver as receiver_module
 from asyncrlhf.weights import shm
-from asyncrlhf.weights.codec import checksum, prepare
+from asyncrlhf.weights.codec import prepare
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, push, same, snapshot, tiny_model
 
@@ -81,20 +81,12 @@ def test_rejected_local_push_keeps_the_old_version_and_removes_the_segment(gener
 def _control_stream(learner, version: int, tamper=None):
     """A hand-made same-host push: a publication and its control messages (optionally tampered with)."""
     tensors = prepare(learner.state_dict())
-    done = [_done(checksum(t)) for t in tensors]
-    publication = shm.ShmPublication(tensors, version, done)
+    publication = shm.ShmPublication(tensors, version)
     messages = [publication.control(i, 10) for i in range(len(tensors))]
     if tamper is not None:
         tamper(publication, messages)
     messages.append(pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors)))
     return publication, messages
-
-
-def _done(value):
-    from concurrent.futures import Future
-    f = Future()
-    f.set_result(value)
-    return f
 
 
 def flip_a_byte(publication, messages):
@@ -148,7 +140,7 @@ def test_a_receiver_that_cannot_see_the_segment_gets_the_byte_stream(generator, 
 def _publish_and_hang(conn) -> None:
     learner = tiny_model(seed=0)
     tensors = prepare(learner.state_dict())
-    publication = shm.ShmPublication(tensors, 7, [_done(0)] * len(tensors))
+    publication = shm.ShmPublication(tensors, 7)
     conn.send(publication.name)
     signal.pause()
 
@@ -161,7 +153,7 @@ def test_a_pusher_killed_mid_push_leaves_nothing_once_a_new_pusher_starts():
     assert parent.poll(120), "the publishing process did not start"
     name = parent.recv()
     assert name in segments()
-    mine = shm.ShmPublication([], 1, [])  # a live pusher's segment survives the sweep
+    mine = shm.ShmPublication([], 1)  # a live pusher's segment survives the sweep
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
