@@ -142,8 +142,10 @@ def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
 class Progress:
     """A live table on a terminal; a log line every 10 s elsewhere (CI, tests, files)."""
 
-    def __init__(self, total_steps: int):
-        self.total_steps, self.started = total_steps, time.monotonic()
+    def __init__(self, total_steps: int, started: float | None = None):
+        self.total_steps = total_steps
+        self.started = time.monotonic() if started is None else started  # time.monotonic() of `up`'s start
+        self.first_step_s: float | None = None  # from `up` to the learner's first trained step
         self.live = None
         self._last_line = 0.0
         if sys.stdout.isatty():
@@ -153,9 +155,11 @@ class Progress:
             self.live.start()
 
     def update(self, snap: Snapshot) -> None:
-        v = snap.values
         now = time.monotonic()
+        first = self.first_step_s
         rows = self.rows(snap)
+        if first is None and self.first_step_s is not None:
+            print(f"asyncrlhf up: first trained step {self.first_step_s:.0f} s after start", flush=True)
         if self.live is not None:
             from rich.table import Table
 
@@ -171,6 +175,8 @@ class Progress:
         v = snap.values
         steps = v.get(names.LEARNER_STEPS_TOTAL, 0.0)
         elapsed = time.monotonic() - self.started
+        if steps >= 1 and self.first_step_s is None:
+            self.first_step_s = elapsed
         eta = (self.total_steps - steps) * elapsed / steps if steps else float("nan")
         count = v.get(f"{names.LEARNER_STALENESS_VERSIONS}_count", 0.0)
         staleness = v.get(f"{names.LEARNER_STALENESS_VERSIONS}_sum", 0.0) / count if count else float("nan")
@@ -185,6 +191,7 @@ class Progress:
             ("queues", " ".join(f"{k[6:]}={int(x)}" for k, x in v.items() if k.startswith("queue:")) or "-"),
             ("gold", f"{v.get(names.EVALUATOR_GOLD_REWARD, float('nan')):.3f}"),
             ("eta", f"{eta:.0f}s" if eta == eta else "-"),
+            ("first step", f"{self.first_step_s:.0f}s" if self.first_step_s is not None else "-"),
         ]
 
     def close(self) -> None:
@@ -206,6 +213,7 @@ class Launcher:
         self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
         self.last_metrics: dict[str, dict[str, float]] = {}  # each service's last scraped values
         self.started_at = time.time()
+        self.launched = time.monotonic()  # the first-step time counts model preparation and service starts
 
     def run(self) -> int:
         run_dir = self.cfg.run.path
@@ -221,7 +229,7 @@ class Launcher:
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
-        progress = Progress(self.cfg.learner.total_steps)
+        progress = Progress(self.cfg.learner.total_steps, started=self.launched)
         try:
             code = self._supervise(progress)
         finally:
