@@ -4,7 +4,8 @@
 every target concurrently, each with its own deadline; it returns one `PushOutcome` per target: ok, rejected
 (the receiver's reason) or unreachable. Each version is prepared once per path, whatever the number of
 targets: targets that share this host's shared memory (their GetStatus says so, asked once per address) get
-the bytes through one segment (`shm.ShmPublication`) and only control messages over gRPC; the others get
+the bytes through the pusher's shared-memory segment (`shm`: written once per version, kept for the next,
+removed at `close`) and only control messages over gRPC; the others get
 one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all
 of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then on.
 """
@@ -26,7 +27,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
-from asyncrlhf.weights.shm import ShmPublication, shm_host, sweep_stale
+from asyncrlhf.weights.shm import ShmPublication, ShmSegment, layout, shm_host, sweep_stale
 from asyncrlhf.weights.stream import EncodedOnce
 
 
@@ -110,6 +111,8 @@ class WeightPusher:
         self._channels_lock = threading.Lock()
         self._shm_host = shm_host() if shm else ""
         self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
+        self._segment: ShmSegment | None = None  # rewritten in place version after version
+        self._segment_lock = threading.Lock()
         if self._shm_host:
             sweep_stale()  # segments of a pusher that was killed mid-push
 
@@ -132,17 +135,28 @@ class WeightPusher:
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
             paths = list(pool.map(self._path, [t.address for t in targets]))
             streamed = paths.count("stream")
-            segment = ShmPublication(tensors, version) if "shm" in paths else None
-            shared = EncodedOnce(tensors, version, self.chunk_bytes, partial) if streamed > 1 else None
-            try:
-                futures = [pool.submit(self._push_one, tensors, version, t, partial, path, segment, shared)
-                           for t, path in zip(targets, paths, strict=True)]
-                return [f.result() for f in futures]
-            finally:
-                if segment is not None:
-                    segment.close()  # every local push has ended: remove the segment
-                if shared is not None:
-                    shared.close()
+            with self._segment_lock:  # one version in the segment at a time
+                segment = self._publish_locally(tensors, version) if "shm" in paths else None
+                shared = EncodedOnce(tensors, version, self.chunk_bytes, partial) if streamed > 1 else None
+                try:
+                    futures = [
+                        pool.submit(self._push_one, tensors, version, t, partial, path, segment, shared)
+                        for t, path in zip(targets, paths, strict=True)]
+                    return [f.result() for f in futures]
+                finally:
+                    if segment is not None:
+                        segment.finish()
+                    if shared is not None:
+                        shared.close()
+
+    def _publish_locally(self, tensors: Sequence[WireTensor], version: int) -> ShmPublication:
+        """Write `version` into this pusher's segment (made, or made larger, as needed)."""
+        _, size = layout(tensors)
+        if self._segment is None or self._segment.size < size:
+            if self._segment is not None:
+                self._segment.close()
+            self._segment = ShmSegment(size)
+        return ShmPublication(tensors, version, self._segment)
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
         stub = pb_grpc.WeightSyncStub(self._channel(address))
@@ -153,6 +167,10 @@ class WeightPusher:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+        with self._segment_lock:
+            if self._segment is not None:
+                self._segment.close()  # no segment outlives its pusher
+                self._segment = None
 
     def __enter__(self) -> WeightPusher:
         return self

@@ -1,4 +1,4 @@
-"""The same-host data plane: a push's tensor bytes through one shared-memory segment per version.
+"""The same-host data plane: a push's bytes through a shared-memory segment, written once per version.
 
 When a receiver sees the pusher's shared memory (`shm_host()` equal on both sides: the same boot and the same
 /dev/shm mount), gRPC carries only the control of a push — one WeightChunk per tensor with its name, dtype,
@@ -6,15 +6,15 @@ shape, checksum and place in the segment (`shm_segment`, `shm_offset`), then the
 through a file in /dev/shm that the pusher writes once per version for all its local receivers:
 
     pusher                                           each local receiver
-    ShmPublication(tensors): create, write tensor i  SegmentReader.resolve: map the segment read-only and
-      then release its control message  -- gRPC -->    hand (header, view of the tensor's bytes) to the
-    close(): unlink, after every local push ends       usual staging (copy + XXH3 verify), swap on commit
+    ShmPublication(tensors, segment): write tensor   SegmentReader.resolve: map the segment read-only and
+      i, then release its control message -- gRPC -->   hand (header, view of the tensor's bytes) to the
+    finish(), after every local push ends               usual staging (copy + XXH3 verify), swap on commit
 
 The receiver copies out of the segment into its staging buffers and verifies each checksum there, so the
 guarantees are those of the byte stream: staged, verified, atomic swap; a rejected push leaves the old version
-serving; nothing is unpickled. The segment is removed when the push ends however it ends; a pusher killed
-mid-push leaves a file named after its pid, which `sweep_stale` (run by every new pusher) removes once that
-pid is gone.
+serving; nothing is unpickled. The pusher keeps its segment (`ShmSegment`) for the next version and removes
+it when it closes; a pusher killed before that leaves a file named after its pid, which `sweep_stale` (run by
+every new pusher: the restarted learner) removes once that pid is gone.
 
 A GPU backend slots in at the same two points (docs/weights.md): a publication whose control messages name
 a CUDA IPC handle (or an NCCL broadcast round) instead of a file, and a reader that resolves them to device
@@ -40,7 +40,7 @@ from asyncrlhf.weights.codec import FROM_WIRE, WireTensor
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "asyncrlhf-w-"
-_NAME = re.compile(rf"^{PREFIX}(\d+)-\d+-[0-9a-f]+$")  # asyncrlhf-w-<pid>-<version>-<random>
+_NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")  # asyncrlhf-w-<pid>-<random>
 _ALIGN = 64
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map the written pages at once, not one fault each
 
@@ -81,30 +81,57 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class ShmPublication:
-    """One version's tensors in one segment, written tensor by tensor by a background thread, each hashed
-    (XXH3-64) as written, from the segment, while in cache; `control(i)` (blocking until tensor i is written)
-    is the message that hands it to a receiver. `close` removes the segment; call it once every local push
-    of the version has ended, however it ended."""
+def layout(tensors: Sequence[WireTensor]) -> tuple[list[int], int]:
+    """Each tensor's offset in a segment (64-byte aligned) and the segment size they need."""
+    offsets, size = [], 0
+    for t in tensors:
+        offsets.append(size)
+        size += -(-t.data.nbytes // _ALIGN) * _ALIGN
+    return offsets, max(size, 1)
 
-    def __init__(self, tensors: Sequence[WireTensor], version: int, directory: Path = SHM_DIR):
-        self.tensors, self.version = tensors, version
-        self._checksums = [0] * len(tensors)
-        self.offsets, size = [], 0
-        for t in tensors:
-            self.offsets.append(size)
-            size += -(-t.data.nbytes // _ALIGN) * _ALIGN
-        self.name = f"{PREFIX}{os.getpid()}-{version}-{secrets.token_hex(4)}"
+
+class ShmSegment:
+    """A file in /dev/shm (mode 0600) mapped read-write: the pusher's, rewritten in place version after
+    version (a fresh tmpfs file costs about five memcpys in page allocation; a rewrite costs one). `close`
+    removes it; a pusher killed before that leaves it to `sweep_stale`."""
+
+    def __init__(self, size: int, directory: Path = SHM_DIR):
+        self.size = size
+        self.name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         self.path = directory / self.name
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, max(size, 1))
-            self._map = mmap.mmap(fd, max(size, 1))
+            os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
         except BaseException:
             self.path.unlink(missing_ok=True)
             raise
         finally:
             os.close(fd)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        try:
+            self.map.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with it
+            pass
+
+
+class ShmPublication:
+    """One version's tensors written into `segment` tensor by tensor by a background thread, each hashed
+    (XXH3-64) as written, from the segment, while in cache; `control(i)` (blocking until tensor i is written)
+    is the message that hands it to a receiver. `finish` once every local push of the version has ended,
+    before the segment is rewritten or closed. A receiver still reading when the next version overwrites
+    the segment gets a checksum mismatch and keeps its version: reuse is safe."""
+
+    def __init__(self, tensors: Sequence[WireTensor], version: int, segment: ShmSegment):
+        self.tensors, self.version, self.segment = tensors, version, segment
+        self.offsets, size = layout(tensors)
+        if size > segment.size:
+            raise ValueError(f"segment {segment.name} holds {segment.size} bytes; this version needs {size}")
+        self.name = segment.name
+        self._map = segment.map
+        self._checksums = [0] * len(tensors)
         self._written = [threading.Event() for _ in tensors]
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_all, name="weight-shm-write", daemon=True)
@@ -139,13 +166,8 @@ class ShmPublication:
                               checksum=self._checksums[i], shm_segment=self.name,
                               shm_offset=self.offsets[i])
 
-    def close(self) -> None:
-        self.path.unlink(missing_ok=True)
+    def finish(self) -> None:
         self._writer.join()
-        try:
-            self._map.close()
-        except BufferError:  # a view is still alive somewhere; the mapping goes with it
-            pass
 
 
 def _nbytes(header: pb.WeightChunk) -> int:

@@ -10,6 +10,7 @@ import signal
 
 import grpc
 import pytest
+import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
@@ -43,14 +44,21 @@ def counting(monkeypatch):
     return Counting.created
 
 
-def test_local_push_goes_through_one_segment_and_is_bit_exact(generator, learner, counting):
+def test_local_pushes_go_through_one_segment_rewritten_per_version(generator, learner, counting):
     before = segments()
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
         outcome = push(pusher, learner.state_dict(), 1, generator)
         assert (outcome.status, outcome.version) == ("ok", 1), outcome.detail
         assert pusher.get_status(generator.address).shm_host == shm.shm_host()
-    assert same(snapshot(generator.model), snapshot(learner))
-    assert len(counting) == 1 and segments() == before  # written once, removed after the commit
+        assert same(snapshot(generator.model), snapshot(learner))
+        with torch.no_grad():
+            for t in learner.parameters():
+                t.add_(1.0)
+        assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
+        assert same(snapshot(generator.model), snapshot(learner))
+        assert len(segments() - before) == 1  # one segment, kept for the next version
+    assert len(counting) == 2 and len(set(counting)) == 1  # two versions written into the same segment
+    assert segments() == before  # removed with its pusher
 
 
 def test_two_local_generators_map_the_same_segment(learner, counting):
@@ -66,7 +74,7 @@ def test_two_local_generators_map_the_same_segment(learner, counting):
             g.stop()
 
 
-def test_rejected_local_push_keeps_the_old_version_and_removes_the_segment(generator, counting):
+def test_rejected_local_push_keeps_the_old_version_and_leaves_no_segment(generator, counting):
     before, old = segments(), snapshot(generator.model)
     other = tiny_model(seed=0)
     other.model.layers[0].self_attn.q_proj.weight.data = other.model.layers[0].self_attn.q_proj.weight[:32]
@@ -81,7 +89,7 @@ def test_rejected_local_push_keeps_the_old_version_and_removes_the_segment(gener
 def _control_stream(learner, version: int, tamper=None):
     """A hand-made same-host push: a publication and its control messages (optionally tampered with)."""
     tensors = prepare(learner.state_dict())
-    publication = shm.ShmPublication(tensors, version)
+    publication = shm.ShmPublication(tensors, version, shm.ShmSegment(shm.layout(tensors)[1]))
     messages = [publication.control(i, 10) for i in range(len(tensors))]
     if tamper is not None:
         tamper(publication, messages)
@@ -90,7 +98,7 @@ def _control_stream(learner, version: int, tamper=None):
 
 
 def flip_a_byte(publication, messages):
-    with open(publication.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+    with open(publication.segment.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
         m[messages[1].shm_offset] ^= 1
 
 
@@ -99,11 +107,11 @@ def escape(publication, messages):
 
 
 def missing(publication, messages):
-    publication.path.unlink()
+    publication.segment.path.unlink()
 
 
 def past_the_end(publication, messages):
-    messages[-1].shm_offset = os.path.getsize(publication.path)
+    messages[-1].shm_offset = os.path.getsize(publication.segment.path)
 
 
 @pytest.mark.parametrize("tamper, code, reason", [
@@ -122,7 +130,8 @@ def test_bad_control_messages_are_rejected_and_the_old_version_serves(generator,
             stub.PushWeights(iter(messages), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
         assert err.value.code() == code and err.value.details().startswith(reason)
     finally:
-        publication.close()
+        publication.finish()
+        publication.segment.close()
     assert same(snapshot(generator.model), old) and generator.receiver.version == 0
 
 
@@ -138,9 +147,8 @@ def test_a_receiver_that_cannot_see_the_segment_gets_the_byte_stream(generator, 
 
 
 def _publish_and_hang(conn) -> None:
-    learner = tiny_model(seed=0)
-    tensors = prepare(learner.state_dict())
-    publication = shm.ShmPublication(tensors, 7)
+    tensors = prepare(tiny_model(seed=0).state_dict())
+    publication = shm.ShmPublication(tensors, 7, shm.ShmSegment(shm.layout(tensors)[1]))
     conn.send(publication.name)
     signal.pause()
 
@@ -153,7 +161,7 @@ def test_a_pusher_killed_mid_push_leaves_nothing_once_a_new_pusher_starts():
     assert parent.poll(120), "the publishing process did not start"
     name = parent.recv()
     assert name in segments()
-    mine = shm.ShmPublication([], 1)  # a live pusher's segment survives the sweep
+    mine = shm.ShmSegment(64)  # a live pusher's segment survives the sweep
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
