@@ -27,7 +27,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,8 @@ class WeightChunk(_message.Message):
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: DType
@@ -50,7 +52,9 @@ class WeightChunk(_message.Message):
     tensor_count: int
     partial: bool
     lineage: int
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ...) -> None: ...
+    shm_segment: str
+    shm_offset: int
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("version", "tensor_count", "bytes", "apply_seconds", "lineage")
@@ -71,13 +75,15 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("version", "updated_at", "tensor_count", "lineage")
+    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    SHM_HOST_FIELD_NUMBER: _ClassVar[int]
     version: int
     updated_at: float
     tensor_count: int
     lineage: int
-    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ...) -> None: ...
+    shm_host: str
+    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ...) -> None: ...

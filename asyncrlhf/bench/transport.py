@@ -4,9 +4,12 @@
    tokens and their log-probs), against the same loop in bare redis-py (XADD / XREADGROUP / XACK, the same
    protobuf encode and decode). Ours also de-duplicates, deletes acked entries, and checks re-claims.
    Target: ours >= 0.7x bare.
-2. Weight push GB/s of a 100M-parameter fp32 state dict to one WeightSync receiver (cast, checksum, stage,
-   verify, apply), against bare gRPC client-streaming of the same bytes in chunks of the same size.
-   Target: ours >= 0.8x bare.
+2. Weight push GB/s of a 100M-parameter fp32 state dict to one WeightSync receiver over the byte stream (the
+   cross-host path: cast, checksum, stage, verify, apply), against bare gRPC client-streaming of the same
+   bytes in chunks of the same size. Target: ours >= 0.8x bare.
+3. The same-host path (`bench.weightplane`): the shared-memory push to one generator process against one
+   memcpy of the same bytes (target >= 0.5x), a push to two generator processes against one (<= 1.2x), and
+   `step_to_serve_s`: from a finished step's weights to both generators serving them.
 
 Each pair runs alternating; the median of `--repeats` is reported. Both weight receivers (ours and the bare
 byte sink) run in one child process and the pushers in this one, as a generator and the learner do.
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import statistics
 import sys
@@ -29,11 +31,12 @@ import redis
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.bench.weightplane import Tensors, bench_local, state_dict
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import ID_FIELD, PAYLOAD_FIELD, REWARD_GROUP, ROLLOUTS, RunStreams, connect
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import WeightReceiver, swap_in
+from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import GRPC_OPTIONS, serve
 
 K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
@@ -82,26 +85,6 @@ def bare_groups_per_s(client: redis.Redis, groups: Sequence[RolloutGroup], batch
     elapsed = time.perf_counter() - start
     client.delete(key)
     return len(groups) / elapsed
-
-
-class _Tensors:
-    """A WeightTarget over plain tensors (the bench has no model)."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor]):
-        self.tensors = dict(tensors)
-
-    def named_tensors(self) -> Mapping[str, torch.Tensor]:
-        return self.tensors
-
-    def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
-    ) -> dict[str, torch.Tensor]:
-        return swap_in(self.tensors, tensors, adopt=adopt)
-
-
-def state_dict(params: int, tensor_params: int = 4 << 20) -> dict[str, torch.Tensor]:
-    n = max(1, math.ceil(params / tensor_params))
-    return {f"layers.{i}.weight": torch.randn(tensor_params // 2048, 2048) for i in range(n)}
 
 
 def ours_push_gbps(
@@ -164,7 +147,7 @@ def bench_streams(groups: int, batch: int, repeats: int) -> tuple[float, float]:
 def _receivers(params: int, conn) -> None:
     """The receiving process: our WeightSync server and the bare byte sink, until the parent says stop."""
     torch.set_num_threads(1)
-    receiver = WeightReceiver(_Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
+    receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
     server, port = serve(receiver, token="bench")
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))
@@ -186,7 +169,8 @@ def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, floa
         if not parent.poll(120):
             raise RuntimeError("bench receiver process did not start within 120 s")
         port, bare_port = parent.recv()
-        with WeightPusher("bench", chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600) as pusher, \
+        with WeightPusher("bench", chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
+                          shm=False) as pusher, \
                 grpc.insecure_channel(f"127.0.0.1:{bare_port}", options=GRPC_OPTIONS) as channel:
             for r in range(repeats):
                 bare.append(bare_grpc_gbps(channel, total, chunk_bytes))
@@ -215,8 +199,12 @@ def main(argv: Sequence[str]) -> int:
 
     groups_per_s, bare_groups = bench_streams(args.groups, args.batch, args.repeats)
     push_gbps, bare_gbps = bench_push(args.params, args.chunk_bytes, args.repeats)
+    local = bench_local(args.params, args.repeats)
     result = {"groups_per_s": groups_per_s, "bare_groups_per_s": bare_groups,
-              "push_gbps": push_gbps, "bare_grpc_gbps": bare_gbps}
+              "push_gbps": push_gbps, "bare_grpc_gbps": bare_gbps,
+              "shm_push_gbps": local.shm_push_gbps, "memcpy_gbps": local.memcpy_gbps,
+              "two_generators_time_ratio": local.two_generators_time_ratio,
+              "step_to_serve_s": local.step_to_serve_s}
     if args.json:
         print(json.dumps(result))
         return 0
@@ -224,6 +212,12 @@ def main(argv: Sequence[str]) -> int:
           f"ratio {groups_per_s / bare_groups:.2f} (target >= 0.70)")
     print(f"weights   ours {push_gbps:10.2f} GB/s       bare gRPC     {bare_gbps:10.2f} GB/s       "
           f"ratio {push_gbps / bare_gbps:.2f} (target >= 0.80)")
+    shm_ratio = local.shm_push_gbps / local.memcpy_gbps
+    print(f"same host ours {local.shm_push_gbps:10.2f} GB/s       memcpy        "
+          f"{local.memcpy_gbps:10.2f} GB/s"
+          f"       ratio {shm_ratio:.2f} (target >= 0.50)")
+    print(f"fan-out   two generators / one: {local.two_generators_time_ratio:.2f} (target <= 1.20)   "
+          f"step_to_serve_s {local.step_to_serve_s:.3f}")
     return 0
 
 

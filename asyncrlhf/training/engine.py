@@ -41,9 +41,23 @@ def init_distributed() -> tuple[int, int]:
             deepspeed.init_distributed(dist_backend=backend, verbose=False)
         else:  # alone: a world of one, without writing RANK/MASTER_* into the environment children inherit
             os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; harmless to a child
+            if backend == "gloo":
+                _skip_shm_comm_op()
             deepspeed.init_distributed(dist_backend=backend, verbose=False, auto_mpi_discovery=False,
                                        init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _skip_shm_comm_op() -> None:
+    """A CPU world of one has no peer to reduce with through DeepSpeed's shared-memory comm op, which it
+    would otherwise JIT-compile at start (minutes on a fresh machine): mark the op unavailable, as DeepSpeed
+    does on machines that cannot build it, so its TorchBackend uses plain torch.distributed."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def world_size() -> int:

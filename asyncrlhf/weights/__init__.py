@@ -6,7 +6,10 @@ atomically. One module per concern:
                  (`apply_weights(tensors, version, adopt=...)`), `ModuleTarget`, `swap_in`, `PushRejected`
     server.py    the gRPC servicer (proto <-> receiver, refusals -> status codes in one place), token auth,
                  `serve`
-    pusher.py    the learner's side: fan-out to many servers, channels, encoding ahead of sending
+    pusher.py    the learner's side: fan-out to many servers, channels, which path each target gets
+    shm.py       the same-host data plane: the pusher's /dev/shm segment, written once per version, and the
+                 receiver's read-only view of it (docs/weights.md: where CUDA IPC / NCCL slot in)
+    stream.py    the cross-host byte stream of a version, encoded once for every streamed target
 
 The names below are the package's API; code inside the package imports from the owning module.
 """

@@ -10,7 +10,6 @@ bytes on the wire are a standard WeightChunk; any protobuf client or server inte
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -80,21 +79,22 @@ def checksum(tensor: WireTensor) -> int:
 
 def encoded_chunks(
     tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False,
-    checksums: Sequence[Future[int]] | None = None, lineage: int = 0,
+    lineage: int = 0,
 ) -> Iterator[bytes]:
-    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices (its checksum on the
-    last), then the commit message. `checksums` (one per tensor, computed ahead in another thread and shared
-    by every target of a push) keep hashing off the sending path; without them each is computed here."""
+    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices, then the commit message.
+    Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
+    hashed while it is in cache) and sent on its last slice."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
-    for i, t in enumerate(tensors):
-        nbytes = t.data.nbytes
+    for t in tensors:
+        nbytes, digest = t.data.nbytes, xxhash.xxh3_64()
         for offset in range(0, max(nbytes, 1), chunk_bytes):
+            piece = t.data[offset:offset + chunk_bytes]
+            digest.update(piece)
             last = offset + chunk_bytes >= nbytes
-            digest = (checksum(t) if checksums is None else checksums[i].result()) if last else 0
             header = pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype,
-                                    shape=t.shape, offset=offset, checksum=digest)
-            yield encode_chunk(header, t.data[offset:offset + chunk_bytes])
+                                    shape=t.shape, offset=offset, checksum=digest.intdigest() if last else 0)
+            yield encode_chunk(header, piece)
     commit = pb.WeightChunk(version=version, lineage=lineage, commit=True, tensor_count=len(tensors),
                             partial=partial)
     yield commit.SerializeToString()

@@ -1,9 +1,13 @@
 """The pushing side (learner): one version to many WeightSync servers at once.
 
-`WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push dtype once, checksums
-each tensor once (XXH3-64, in a background thread, shared by all targets) and streams chunks to every
-target concurrently, each with its own deadline, encoding the next chunk while gRPC sends this one; it
-returns one `PushOutcome` per target: ok, rejected (the receiver's reason) or unreachable.
+`WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push dtype once and pushes to
+every target concurrently, each with its own deadline; it returns one `PushOutcome` per target: ok, rejected
+(the receiver's reason) or unreachable. Each version is prepared once per path, whatever the number of
+targets: targets that share this host's shared memory (their GetStatus says so, asked once per address) get
+the bytes through the pusher's shared-memory segment (`shm`: written once per version, kept for the next,
+removed at `close`) and only control messages over gRPC; the others get
+one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all
+of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then on.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Full, Queue
 from typing import Literal
@@ -21,8 +25,10 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, checksum, encoded_chunks, prepare
+from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
+from asyncrlhf.weights.shm import ShmPublication, ShmSegment, layout, shm_host, sweep_stale
+from asyncrlhf.weights.stream import EncodedOnce
 
 PushStatus = Literal["ok", "rejected", "unreachable"]
 
@@ -46,6 +52,7 @@ class PushOutcome:
     bytes: int
 
 
+PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target whether it shares our shared memory
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -82,13 +89,23 @@ def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
         stop.set()
 
 
+def _shm_requests(publication: ShmPublication, partial: bool, timeout_s: float) -> Iterator[bytes]:
+    """The control messages of a same-host push: one per tensor as its bytes land in the segment, then the
+    commit."""
+    for i in range(len(publication.tensors)):
+        yield publication.control(i, timeout_s).SerializeToString()
+    commit = pb.WeightChunk(version=publication.version, lineage=publication.lineage, commit=True,
+                            tensor_count=len(publication.tensors), partial=partial)
+    yield commit.SerializeToString()
+
+
 class WeightPusher:
     """Pushes versions to many WeightSync servers at once. Channels are kept per address and reused."""
 
     def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
                  dtype: str | None = "float32", timeout_s: float = 60.0,
                  credentials: grpc.ChannelCredentials | None = None,
-                 channel_options: Sequence[tuple[str, str]] = ()):
+                 channel_options: Sequence[tuple[str, str]] = (), shm: bool = True):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
@@ -96,6 +113,12 @@ class WeightPusher:
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self._credentials, self._channel_options = credentials, list(channel_options)
+        self._shm_host = shm_host() if shm else ""
+        self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
+        self._segment: ShmSegment | None = None  # rewritten in place version after version
+        self._segment_lock = threading.Lock()
+        if self._shm_host:
+            sweep_stale()  # segments of a pusher that was killed mid-push
 
     @classmethod
     def from_config(cls, cfg) -> WeightPusher:
@@ -118,12 +141,33 @@ class WeightPusher:
                       *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
         if not targets:
             return []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-hash") as hasher, \
-                ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
-            checksums = [hasher.submit(checksum, t) for t in tensors]  # once, ahead of every sender
-            futures = [pool.submit(self._push_one, tensors, version, t, partial, checksums, lineage)
-                       for t in targets]
-            return [f.result() for f in futures]
+        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
+            paths = list(pool.map(self._path, [t.address for t in targets]))
+            streamed = paths.count("stream")
+            with self._segment_lock:  # one version in the segment at a time
+                segment = self._publish_locally(tensors, version, lineage) if "shm" in paths else None
+                shared = EncodedOnce(tensors, version, self.chunk_bytes, partial, lineage=lineage) \
+                    if streamed > 1 else None
+                try:
+                    futures = [
+                        pool.submit(self._push_one, tensors, version, t, partial, path, segment, shared,
+                                    lineage)
+                        for t, path in zip(targets, paths, strict=True)]
+                    return [f.result() for f in futures]
+                finally:
+                    if segment is not None:
+                        segment.finish()
+                    if shared is not None:
+                        shared.close()
+
+    def _publish_locally(self, tensors: Sequence[WireTensor], version: int, lineage: int) -> ShmPublication:
+        """Write `version` into this pusher's segment (made, or made larger, as needed)."""
+        _, size = layout(tensors)
+        if self._segment is None or self._segment.size < size:
+            if self._segment is not None:
+                self._segment.close()
+            self._segment = ShmSegment(size)
+        return ShmPublication(tensors, version, self._segment, lineage)
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
         stub = pb_grpc.WeightSyncStub(self._channel(address))
@@ -134,6 +178,10 @@ class WeightPusher:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+        with self._segment_lock:
+            if self._segment is not None:
+                self._segment.close()  # no segment outlives its pusher
+                self._segment = None
 
     def __enter__(self) -> WeightPusher:
         return self
@@ -142,23 +190,45 @@ class WeightPusher:
         self.close()
 
     def _push_one(
-        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool,
-        checksums: Sequence[Future[int]], lineage: int = 0,
+        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool, path: str,
+        segment: ShmPublication | None, shared: EncodedOnce | None, lineage: int = 0,
     ) -> PushOutcome:
+        start = time.perf_counter()
+        if path.startswith("unreachable:"):  # "unreachable:<the status code GetStatus got>"
+            code_name = path.split(":", 1)[1]
+            return PushOutcome(target, "unreachable", code_name, "no answer to GetStatus", 0, 0.0, 0)
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
-        start = time.perf_counter()
+        if segment is not None and path == "shm":
+            requests: Iterator[bytes] = _shm_requests(segment, partial, self.timeout_s)
+        elif shared is not None:
+            requests = shared.reader()
+        else:
+            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, lineage))
         try:
-            chunks = encoded_chunks(tensors, version, self.chunk_bytes, partial, checksums, lineage)
-            requests = prefetched(chunks)
-            reply = push_weights(requests,
-                                 timeout=self.timeout_s, metadata=self._metadata)
+            reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
+            if path == "shm" and (err.details() or "").startswith("shm_unavailable"):
+                self._local[target.address] = False  # it does not see our segments: stream to it
+                return self._push_one(tensors, version, target, partial, "stream", None, None, lineage)
             status: PushStatus = "unreachable" if code in _UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
+
+    def _path(self, address: str) -> str:
+        """How a push reaches `address`: "shm" (it shares this host's shared memory; asked once per
+        address), "stream", or "unreachable:<code>" (no answer to that question: the push would get none)."""
+        if not self._shm_host:
+            return "stream"
+        if address not in self._local:
+            try:
+                status = self.get_status(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+            except grpc.RpcError as err:
+                return f"unreachable:{err.code().name}" if err.code() in _UNREACHABLE else "stream"
+            self._local[address] = status.shm_host == self._shm_host
+        return "shm" if self._local[address] else "stream"
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:

@@ -25,10 +25,12 @@ import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.codec import FROM_WIRE
+from asyncrlhf.weights.shm import SegmentReader
 
 Reason = Literal[
     "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
     "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors", "stale_lineage",
+    "shm_unavailable",
 ]
 
 
@@ -193,8 +195,8 @@ class WeightReceiver:
     def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
         """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
         `PushRejected` (old weights intact) or return once the new version is live."""
-        with self._lock:
-            return self._receive(_as_pairs(messages))
+        with self._lock, SegmentReader() as segments:  # same-host pushes: bytes from shared memory
+            return self._receive(segments.resolve(_as_pairs(messages)))
 
     def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]]) -> PushResult:
         live = self.target.named_tensors()

@@ -27,6 +27,7 @@ from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.service import is_loopback
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, decode_chunk
 from asyncrlhf.weights.receiver import PushRejected, Reason, WeightReceiver
+from asyncrlhf.weights.shm import shm_host
 
 AUTH_METADATA_KEY = "authorization"
 GRPC_OPTIONS = [
@@ -52,6 +53,7 @@ _STATUS: dict[Reason, grpc.StatusCode] = {
     "missing_tensors": grpc.StatusCode.INVALID_ARGUMENT,
     "bad_checksum": grpc.StatusCode.DATA_LOSS,
     "truncated": grpc.StatusCode.DATA_LOSS,
+    "shm_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -81,7 +83,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
         status = self.receiver.status()
         return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
-                                 tensor_count=status.tensor_count, lineage=status.lineage)
+                                 tensor_count=status.tensor_count, lineage=status.lineage,
+                                 shm_host=shm_host())
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):

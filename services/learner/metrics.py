@@ -58,6 +58,9 @@ class LearnerMetrics:
         self.push_failures = Counter(names.LEARNER_PUSH_FAILURES_TOTAL,
                                      "Failed pushes, per target and status.", ["target", "status"],
                                      registry=r)
+        self.step_to_serve = Gauge(names.LEARNER_STEP_TO_SERVE_SECONDS,
+                                   "Last version: optimizer step done -> every live generator serving it.",
+                                   registry=r)
         self.in_flight = Gauge(names.LEARNER_IN_FLIGHT_GROUPS, "Prompt groups enqueued, not yet finished.",
                                registry=r)
         self.queue_depth = Gauge(names.LEARNER_QUEUE_DEPTH, "Entries waiting in each stream.", ["stream"],

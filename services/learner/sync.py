@@ -45,10 +45,11 @@ class WeightPublisher:
     def publish(self, version: int) -> None:
         """Snapshot the weights of `version` (all ranks) and push them to every live generator (rank 0)."""
         lc = self.cfg.learner
+        started = time.perf_counter()
         self._weights = engine.full_state_dict(self.policy.module, lc.deepspeed.zero_stage, lc.lora.enabled)
         self.version = version
-        if self.rank == 0:
-            self._push([PushTarget(m.id, m.address) for m in self._live()])
+        if self.rank == 0 and self._push([PushTarget(m.id, m.address) for m in self._live()]):
+            self.metrics.step_to_serve.set(time.perf_counter() - started)
 
     def sync_late_generators(self) -> None:
         """Push the current version to live generators behind it, retrying a failed one after two beats."""
@@ -74,9 +75,11 @@ class WeightPublisher:
         """The live generators; only rank 0 holds the registry."""
         return self.registry.live() if self.registry is not None else []
 
-    def _push(self, targets: list[PushTarget]) -> None:
+    def _push(self, targets: list[PushTarget]) -> bool:
+        """Push the current version to `targets`; whether every one of them serves it now."""
         if not targets or self._weights is None or self.pusher is None:  # only rank 0 pushes
-            return
+            return False
+        served = True
         for outcome in self.pusher.push(self._weights, self.version, targets, lineage=self.lineage):
             target = outcome.target.id
             self.metrics.push_time.labels(target).set(outcome.seconds)
@@ -87,7 +90,9 @@ class WeightPublisher:
             else:
                 self.metrics.push_failures.labels(target, outcome.status).inc()
                 self._pushed[target] = (0, time.monotonic())
+                served = False
                 self._failed(outcome)
+        return served
 
     def _failed(self, outcome) -> None:
         target, reason = outcome.target, outcome.detail.split(":", 1)[0].strip()

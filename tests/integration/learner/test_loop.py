@@ -74,6 +74,7 @@ def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
     assert enqueued - trained <= (1 + 1) * 3  # (max_staleness + 1) x groups_per_step
     assert max(s for r in consumed(cfg) if r["kind"] == "trained" for s in r["staleness"]) <= 1
     assert streams.stats(PROMPTS, GENERATOR_GROUP).length <= 6
+    assert learner.metrics.step_to_serve._value.get() > 0  # a step reached the actor's receiver, timed
 
 
 def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url, run_name):

@@ -12,7 +12,7 @@ import torch
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, push, same, snapshot
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("data_path")]
 
 
 def test_fp32_push_is_bit_exact(generator, learner):
