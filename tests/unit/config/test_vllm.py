@@ -1,4 +1,4 @@
-"""`generator.vllm`: its defaults, the keys that moved into it, and what vLLM cannot serve, refused at load."""
+"""`generator.vllm`: defaults, keys that moved into it, and what vLLM cannot serve, refused at load."""
 
 import pytest
 
