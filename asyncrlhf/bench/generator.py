@@ -217,6 +217,18 @@ def _delete_run_keys(client, run: str) -> None:
         client.delete(*keys)
 
 
+def _measure_in_child(files: Sequence[str], overrides: Sequence[str], prompts: int, repeats: int) -> dict:
+    argv = [sys.executable, "-m", "asyncrlhf.cli", "bench", "generator",
+            *(a for f in files for a in ("--config", f)), "--prompts", str(prompts),
+            "--repeats", str(repeats), "--json", *overrides]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the bench of `{' '.join(overrides)}` failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    # vLLM logs to stdout too: the result is the last line that is a JSON object
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrlhf bench generator", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", action="append", choices=["hf", "vllm"],
@@ -234,8 +246,10 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as err:
         print(f"asyncrlhf bench generator: {err}", file=sys.stderr)
         return 2
-    results = [measure(cfg, files, o, args.prompts, args.repeats)
-               for cfg, o in zip(configs, runs, strict=True)]
+    if len(runs) == 1:
+        results = [measure(configs[0], files, runs[0], args.prompts, args.repeats)]
+    else:  # each backend in its own process: one engine's threads, affinity and memory never skew another's
+        results = [_measure_in_child(files, o, args.prompts, args.repeats) for o in runs]
     if args.json:
         print(json.dumps(results if args.backend else results[0]))
         return 0
