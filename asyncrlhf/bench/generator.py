@@ -1,6 +1,9 @@
-"""`asyncrlhf bench generator --config configs/tiny.yaml [--prompts N] [--repeats R] [--json] [overrides]`
+"""`asyncrlhf bench generator --config C.yaml [--backend vllm --backend hf] [--prompts N] [--repeats R]
+[--json] [overrides]`
 
-Tokens/s of the generator service against the bare backend call, on the same prompts, in one run.
+Tokens/s of the generator service against the bare backend call, on the same prompts, in one run; with
+several `--backend`s, each is measured in turn on the same model and prompts and printed side by side, with
+its time to first token (bare: one prompt, one sample, one new token; the median of `TTFT_TRIES`).
 Service: the real generator process (`python -m services.generator`, the config and overrides given here,
 the same torch thread count as the bare side) on the bench's Redis, serving weights the bench pushed to it
 over gRPC. Each batch is enqueued as PromptGroups in one transaction (so the service reads it whole) and
@@ -34,14 +37,16 @@ from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.launcher import Service
-from asyncrlhf.models import encode_prompts, load_tokenizer
+from asyncrlhf.models import encode_prompts, is_lora, load_policy, load_tokenizer
 from asyncrlhf.redis_server import free_port, redis_url
 from asyncrlhf.registry import Registry
 from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.streams import PROMPTS, REWARD_GROUP, ROLLOUTS, RunStreams, connect, run_key
 from asyncrlhf.weights import PushTarget, WeightPusher
+from asyncrlhf.weights.codec import adapter_tensors
 
 TARGET_RATIO = 0.9
+TTFT_TRIES = 5
 START_TIMEOUT_S = 600.0  # import, model load (a GGUF conversion on first use), gRPC and HTTP up
 BATCH_TIMEOUT_S = 600.0
 
@@ -143,10 +148,42 @@ def _service_batch(service: GeneratorProcess, producer, rollouts, batch: list[li
     out["service_tokens"] += sum(len(s.completion_token_ids) for group in written for s in group.samples)
 
 
+def first_token_s(backend: Backend, prompts: list[list[int]], cfg: Config) -> float:
+    """Median seconds from a one-prompt, one-sample call to its first (and only) new token."""
+    sampling = cfg.generator.sampling.model_copy(update={"max_new_tokens": 1})
+    times = []
+    for prompt in (prompts * TTFT_TRIES)[:TTFT_TRIES]:
+        start = time.perf_counter()
+        backend.generate([prompt], 1, sampling)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def push_state(cfg: Config, backend: Backend) -> dict[str, torch.Tensor]:
+    """The weights to push to the service: the backend's own, or (vLLM keeps them in its engine: its named
+    tensors are shapes only) the run's model as the learner loads it."""
+    named = backend.named_tensors()
+    if not any(t.is_meta for t in named.values()):
+        return {name: t.detach().cpu().clone() for name, t in named.items()}
+    policy = load_policy(cfg.model, lora=cfg.learner.lora)
+    state = policy.state_dict()
+    return adapter_tensors(state) if is_lora(policy) else dict(state)
+
+
 def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_count: int,
             repeats: int) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     backend = create_backend(cfg, tokenizer)
+    try:
+        return _measure(cfg, files, overrides, prompt_count, repeats, tokenizer, backend)
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+
+
+def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_count: int, repeats: int,
+             tokenizer, backend: Backend) -> dict:
     threads = torch.get_num_threads()  # the bare side's, once generator.threads is applied
     prompts = encode_prompts(tokenizer, synthetic_prompts(prompt_count), cfg.model)
     with redis_url(cfg.redis.model_copy(update={"persist": False})) as url, contextlib.ExitStack() as stack:
@@ -159,20 +196,21 @@ def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_
         if service.target is None:
             raise RuntimeError("the generator service did not register")
         with WeightPusher(cfg.run.token) as pusher:
-            state = {name: t.detach().cpu().clone() for name, t in backend.named_tensors().items()}
-            (outcome,) = pusher.push(state, 1, [service.target])
+            (outcome,) = pusher.push(push_state(cfg, backend), 1, [service.target])
         if outcome.status != "ok":
             raise RuntimeError(f"could not push weights to the service: {outcome}")
         paired_run(streams, service, backend, prompts[: 2 * cfg.generator.batch_prompts], cfg)  # warm-up
         rounds = [paired_run(streams, service, backend, prompts, cfg) for _ in range(repeats)]
+        ttft = first_token_s(backend, prompts, cfg)
     bare = sum(r["bare_tokens"] for r in rounds) / sum(r["bare_s"] for r in rounds)
     served = sum(r["service_tokens"] for r in rounds) / sum(r["service_s"] for r in rounds)
     g = cfg.generator
-    device = str(getattr(backend, "device", ""))
+    device = str(getattr(backend, "device", "")) or g.device
     return {"backend": g.backend, "model": cfg.model.name_or_path, "device": device, "threads": threads,
             "prompts": prompt_count, "k": g.samples_per_prompt, "batch_prompts": g.batch_prompts,
             "max_new_tokens": g.sampling.max_new_tokens, "repeats": repeats,
             "bare_tokens_per_s": bare, "service_tokens_per_s": served, "ratio": served / bare,
+            "bare_first_token_s": ttft,
             "target_ratio": TARGET_RATIO, "rounds": rounds}
 
 
@@ -182,29 +220,58 @@ def _delete_run_keys(client, run: str) -> None:
         client.delete(*keys)
 
 
+def _measure_in_child(files: Sequence[str], overrides: Sequence[str], prompts: int, repeats: int) -> dict:
+    argv = [sys.executable, "-m", "asyncrlhf.cli", "bench", "generator",
+            *(a for f in files for a in ("--config", f)), "--prompts", str(prompts),
+            "--repeats", str(repeats), "--json", *overrides]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the bench of `{' '.join(overrides)}` failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    # vLLM logs to stdout too: the result is the last line that is a JSON object
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrlhf bench generator", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", action="append", choices=["hf", "vllm"],
+                        help="measure this backend (repeat it to compare: --backend vllm --backend hf); "
+                             "default: generator.backend")
     parser.add_argument("--prompts", type=int, default=64, help="prompt groups per phase")
     parser.add_argument("--repeats", type=int, default=3,
                         help="passes over the prompts (each alternates bare and service batch by batch)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (a list with --backend)")
     args, rest = parser.parse_known_args(list(argv))
     files, overrides = split_config_args(rest)
+    runs = [[*overrides, f"generator.backend={b}"] for b in args.backend or []] or [list(overrides)]
     try:
-        cfg = load_config(files, overrides)
+        configs = [load_config(files, o) for o in runs]
     except ConfigError as err:
         print(f"asyncrlhf bench generator: {err}", file=sys.stderr)
         return 2
-    result = measure(cfg, files, overrides, args.prompts, args.repeats)
+    if len(runs) == 1:
+        results = [measure(configs[0], files, runs[0], args.prompts, args.repeats)]
+    else:  # each backend in its own process: one engine's threads, affinity and memory never skew another's
+        results = [_measure_in_child(files, o, args.prompts, args.repeats) for o in runs]
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(results if args.backend else results[0]))
         return 0
-    print(f"generator bench: {result['backend']} backend, model {result['model']}, "
-          f"{result['prompts']} prompts x k={result['k']}, batches of {result['batch_prompts']}, "
-          f"max_new_tokens={result['max_new_tokens']}, {result['threads']} torch threads, "
-          f"{result['repeats']} passes")
-    print(f"  bare backend  {result['bare_tokens_per_s']:10.1f} tokens/s")
-    print(f"  service       {result['service_tokens_per_s']:10.1f} tokens/s")
-    verdict = "meets" if result["ratio"] >= TARGET_RATIO else "misses"
-    print(f"  ratio         {result['ratio']:10.3f}x  ({verdict} the {TARGET_RATIO}x target)")
+    first = results[0]
+    print(f"generator bench: model {first['model']}, {first['prompts']} prompts x k={first['k']}, "
+          f"batches of {first['batch_prompts']}, max_new_tokens={first['max_new_tokens']}, "
+          f"{first['threads']} torch threads, {first['repeats']} passes")
+    print(f"  {'backend':8} {'device':6} {'bare tok/s':>11} {'service tok/s':>14} {'ratio':>7} "
+          f"{'first token':>12}")
+    for r in results:
+        verdict = "ok" if r["ratio"] >= TARGET_RATIO else f"< {TARGET_RATIO}"
+        print(f"  {r['backend']:8} {r['device']:6} {r['bare_tokens_per_s']:11.1f} "
+              f"{r['service_tokens_per_s']:14.1f} {r['ratio']:6.3f}x {r['bare_first_token_s'] * 1000:9.0f} ms"
+              f"  ({verdict})")
+    if len(results) > 1:
+        base = results[-1]
+        for r in results[:-1]:
+            bare = r["bare_tokens_per_s"] / base["bare_tokens_per_s"]
+            served = r["service_tokens_per_s"] / base["service_tokens_per_s"]
+            print(f"  {r['backend']} / {base['backend']}: {bare:.2f}x bare tokens/s, "
+                  f"{served:.2f}x service tokens/s")
     return 0

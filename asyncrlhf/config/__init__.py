@@ -39,7 +39,7 @@ from asyncrlhf.config.learner import (
     PPOLearnerConfig,
 )
 from asyncrlhf.config.loading import load_config, parse_overrides
-from asyncrlhf.config.model import GeneratorConfig, ModelConfig, SamplingConfig, TinyModelConfig
+from asyncrlhf.config.model import GeneratorConfig, ModelConfig, SamplingConfig, TinyModelConfig, VLLMConfig
 from asyncrlhf.config.reward import (
     EvaluatorConfig,
     ModelScorerConfig,
@@ -87,6 +87,7 @@ __all__ = [
     "TaskConfig",
     "Tagged",
     "TinyModelConfig",
+    "VLLMConfig",
     "load_config",
     "parse_overrides",
 ]

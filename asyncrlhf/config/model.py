@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -54,9 +55,37 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(64, ge=1)
 
 
+# LoRA ranks vLLM serves (vllm.config.lora.MaxLoRARanks); another rank is refused when the engine starts.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Head sizes vLLM's CPU attention kernels support (CPUAttentionBackend.get_supported_head_sizes).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# Keys of the flat generator section of before -> where they are now.
+_MOVED_TO_VLLM = {"gpu_memory_utilization": "gpu_memory_utilization", "vllm_dtype": "dtype",
+                  "max_model_len": "max_model_len"}
+
+
+class VLLMConfig(Section):
+    """`generator.vllm`: the vLLM engine (`generator.backend=vllm`), on a GPU or on vLLM's CPU build."""
+
+    enforce_eager: bool | None = Field(
+        None, description="Skip torch.compile and CUDA graphs. None: true on CPU (compiling takes minutes "
+        "there), false on GPU.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Engine dtype. auto: the learner's (`model.dtype`). Another dtype is logged as a "
+        "warning: behaviour log-probs then differ from the learner's (bf16 vs fp32: ~0.4 nats/token).")
+    kv_cache_gib: int = Field(
+        1, ge=1, description="CPU: KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE); on CPU vLLM would "
+        "take gpu_memory_utilization as a share of host RAM.")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1.0, description="GPU: fraction of GPU memory for weights and KV cache.")
+    max_model_len: int | None = Field(None, description="Max sequence length (None: the model's).")
+    cache_root: str | None = Field(
+        None, description="VLLM_CACHE_ROOT (None: `<model.cache_dir>/vllm`, never the home directory).")
+
+
 class GeneratorConfig(Section):
     backend: Literal["hf", "vllm"] = Field(
-        "hf", description="`hf` (transformers, CPU or GPU) or `vllm` (GPU)."
+        "hf", description="`hf` (transformers, CPU or GPU) or `vllm` (GPU, or vLLM's CPU build: `make vllm`)."
     )
     replicas: int = Field(1, ge=1, description="Generator processes `asyncrlhf up` starts.")
     samples_per_prompt: int = Field(4, ge=1, description="k: completions sampled per prompt group.")
@@ -71,10 +100,13 @@ class GeneratorConfig(Section):
     http_port: int = Field(0, ge=0, description="Health, metrics and /v1/completions (0: pick a free one).")
     heartbeat_s: float = Field(2.0, gt=0, description="Registry heartbeat period.")
     registry_ttl_s: float = Field(10.0, gt=0, description="A generator silent this long leaves the registry.")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0, description="vLLM: fraction of GPU memory.")
-    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    max_model_len: int | None = Field(None, description="vLLM max sequence length (None: model's).")
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM: GPUs one generator replica shards the model over (replicas: copies)."
     )
+    vllm: VLLMConfig = VLLMConfig()
+
+    @classmethod
+    def misplaced(cls, key: str, prefix: str, data: Mapping[str, Any]) -> str | None:
+        new = _MOVED_TO_VLLM.get(key)
+        return f"`{prefix}{key}` is now `{prefix}vllm.{new}`; move it there" if new else None
 

@@ -13,7 +13,7 @@ from pydantic import model_validator
 
 from asyncrlhf.config.base import Section
 from asyncrlhf.config.learner import LearnerConfig, OnlineDPOLearnerConfig
-from asyncrlhf.config.model import GeneratorConfig, ModelConfig
+from asyncrlhf.config.model import VLLM_CPU_HEAD_SIZES, VLLM_LORA_RANKS, GeneratorConfig, ModelConfig
 from asyncrlhf.config.reward import EvaluatorConfig, RewardConfig
 from asyncrlhf.config.run import LaunchConfig, MetricsConfig, RedisConfig, RunConfig, TaskConfig
 from asyncrlhf.config.stages import RelabelConfig, RewardModelTrainingConfig, SFTConfig
@@ -53,6 +53,22 @@ class Config(Section):
         if given < tp:
             raise ValueError(f"generator.tensor_parallel_size={tp} needs {tp} GPUs per generator replica, "
                              f"but launch.gpus.generator={gpus!r} lists fewer")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_can_serve(self) -> Config:
+        if self.generator.backend != "vllm":
+            return self
+        lora = self.learner.lora
+        if lora.enabled and lora.r not in VLLM_LORA_RANKS:
+            raise ValueError(f"learner.lora.r={lora.r}: vLLM (generator.backend=vllm) serves LoRA ranks "
+                             f"{', '.join(map(str, VLLM_LORA_RANKS))}; pick one of those")
+        tiny = self.model.tiny
+        if self.model.name_or_path == "tiny" and tiny.hidden // tiny.heads not in VLLM_CPU_HEAD_SIZES:
+            sizes, head = ", ".join(map(str, VLLM_CPU_HEAD_SIZES)), tiny.hidden // tiny.heads
+            raise ValueError(f"the tiny model's head size (model.tiny.hidden / heads = {head}) is not one "
+                             f"vLLM's CPU attention supports ({sizes}); with generator.backend=vllm set e.g. "
+                             f"model.tiny.heads={max(1, tiny.hidden // 32)}")
         return self
 
     def to_yaml(self) -> str:

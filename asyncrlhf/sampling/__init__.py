@@ -26,9 +26,12 @@ class Completion:
     """One sampled completion.
 
     token_ids: the completion, EOS included when the model emitted it, nothing after it.
-    logprobs: log pi(token_t | prefix) under softmax(logits / temperature), one per token (top-k / top-p
-        truncation is *not* folded in: the learner's `token_logprobs` uses the same convention, so
-        importance ratios compare like with like).
+    logprobs: the behaviour log-prob of each token, log mu(token_t | prefix), mu the distribution it was
+        drawn from: softmax(logits / temperature) truncated to the top-k, then to the top-p nucleus, and
+        renormalised (`asyncrlhf.sampling.hf.sampling_log_softmax`; vLLM's processed log-probs). Both
+        backends return this. With top_k=0 and top_p=1 (the defaults) it is log softmax(logits /
+        temperature), what the learner's `token_logprobs` recomputes; with truncation the importance ratio
+        pi/mu is the one to the distribution actually sampled.
     finish: "stop" when EOS ended it, "length" when it hit max_new_tokens.
     """
 

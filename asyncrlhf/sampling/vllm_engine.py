@@ -1,0 +1,112 @@
+"""What the vLLM backend starts its engine with, and the code that runs inside vLLM's worker processes.
+
+- `engine_settings`: `vllm.LLM` keyword arguments and environment from `generator.vllm`. On CPU (vLLM's CPU
+  build, `make vllm`) the KV cache is sized in GiB by `VLLM_CPU_KVCACHE_SPACE` (vLLM would read
+  `gpu_memory_utilization` as a share of host RAM) and the engine runs eager (compiling takes minutes on a
+  few cores); on GPU the memory fraction applies. `dtype` follows the learner's (`model.dtype`); another is
+  a warning, never a silent downcast. `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
+- `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls
+  `asyncrlhf_reload_weights(path)` with the path of a safetensors file of HF-named tensors, which the worker
+  reads and hands to vLLM's own in-place `reload_weights` (it maps HF names onto vLLM's fused layers).
+  Only a path crosses the RPC: tensors in `collective_rpc` arguments reach the worker as undecoded
+  msgpack objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrlhf.config import Config, LoraConfig, ModelConfig
+from asyncrlhf.model_sources import resolve_model_dir
+from asyncrlhf.models import load_policy, resolve_device, wrap_lora
+from asyncrlhf.weights.codec import adapter_tensors
+
+log = logging.getLogger(__name__)
+
+EXTENSION = f"{__name__}.WeightLoaderExtension"
+# Per-token log-prob gap of a bf16 engine against the fp32 learner, measured on SmolLM2-135M with vLLM's CPU
+# build (issue 16): what a dtype mismatch costs every importance ratio.
+BF16_VS_FP32_GAP_NATS = 0.37
+
+
+class WeightLoaderExtension:
+    """Methods `collective_rpc` can call on every vLLM worker."""
+
+    def asyncrlhf_reload_weights(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        named = load_file(path)
+        self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
+        device = self.device  # type: ignore[attr-defined]
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        return len(named)
+
+
+def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """(`vllm.LLM` kwargs, environment the engine must start with) for this run."""
+    v, lora = cfg.generator.vllm, cfg.learner.lora
+    on_gpu = resolve_device(cfg.generator.device).type == "cuda"
+    dtype = cfg.model.dtype if v.dtype == "auto" else v.dtype
+    if dtype != cfg.model.dtype:
+        log.warning("generator.vllm.dtype=%s but the learner's weights are %s (model.dtype): behaviour "
+                    "log-probs will differ from the learner's (measured: %.2f nats/token for bf16 vs fp32) "
+                    "and bias every importance ratio; leave generator.vllm.dtype=auto to match",
+                    dtype, cfg.model.dtype, BF16_VS_FP32_GAP_NATS)
+    eager = (not on_gpu) if v.enforce_eager is None else v.enforce_eager
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=cfg.run.seed,
+        max_model_len=v.max_model_len, enforce_eager=eager, worker_extension_cls=EXTENSION,
+        logprobs_mode="processed_logprobs", tensor_parallel_size=cfg.generator.tensor_parallel_size,
+    )
+    cache_root = Path(v.cache_root or Path(cfg.model.cache_dir) / "vllm").expanduser()
+    env = {"VLLM_CACHE_ROOT": str(cache_root)}
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(v.kv_cache_gib)
+    if lora.enabled:
+        kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
+    return kwargs, env
+
+
+def model_dir_for_vllm(cfg: ModelConfig) -> Path:
+    """A directory vLLM can load: the model's own, or for `tiny` a copy written once to the cache."""
+    directory = resolve_model_dir(cfg)
+    if directory is not None:
+        return directory
+    from asyncrlhf.models import load_tokenizer
+
+    tiny = cfg.tiny.model_dump()
+    name = "tiny-" + "-".join(f"{key}{value}" for key, value in sorted(tiny.items()))
+    target = Path(cfg.cache_dir).expanduser() / name
+    if not (target / "config.json").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        load_policy(cfg.model_copy(update={"dtype": "float32"})).save_pretrained(  # type: ignore[operator]
+            staging, safe_serialization=True)
+        load_tokenizer(cfg).save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def weight_skeleton(model_dir: Path, dtype: torch.dtype, lora: LoraConfig) -> dict[str, torch.Tensor]:
+    """Name -> meta tensor of what a push may update, named as in the learner's HF (or PEFT) model: the
+    receiver checks pushes against these shapes without a CPU copy of the model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+        if lora.enabled:
+            return adapter_tensors(wrap_lora(model, lora).state_dict())
+    return dict(model.state_dict())

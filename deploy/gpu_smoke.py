@@ -1,0 +1,110 @@
+"""GPU smoke test of the vLLM generator path (deploy/gpu-smoke runs it; under 5 minutes on one GPU):
+
+1. the vLLM backend on CUDA with SmolLM2-135M in fp32 (the learner's dtype): tokens/s of one batch;
+2. a learner step on CUDA: one AdamW step of the HF policy on that batch's samples (a REINFORCE-style loss
+   on the behaviour log-probs' own completions), so the weights change;
+3. a full push of the stepped weights (WeightTarget.apply_weights, as the WeightSync receiver calls it):
+   seconds, then the per-token log-prob gap to the HF model on those weights (target <= 1e-3);
+4. a LoRA push (rank 8 adapter, a second engine with enable_lora): seconds and the gap to HF + PEFT.
+Prints one line per measurement and exits non-zero if a parity target is missed. Not run in CI (no GPU).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+import torch
+
+from asyncrlhf.config import load_config
+from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.sampling.hf import sampling_log_softmax
+from asyncrlhf.sampling.vllm import VLLMBackend
+from asyncrlhf.weights.codec import adapter_tensors
+
+PARITY_ATOL = 1e-3
+PROMPTS = ["Write a haiku about the sea.", "Explain rain to a child.", "Name three fruits.", "Say hello."]
+
+
+@torch.no_grad()
+def gap(model, prompts, groups, sampling) -> float:
+    worst = 0.0
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids], device="cuda")
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+            ref = sampling_log_softmax(logits, sampling).gather(-1, ids[0, len(prompt):, None])[:, 0].cpu()
+            worst = max(worst, (torch.tensor(c.logprobs) - ref).abs().max().item())
+    return worst
+
+
+def engine(cache: str, *extra: str):
+    cfg = load_config([], [f"model.cache_dir={cache}", "model.name_or_path=smollm2-135m-instruct",
+                           "model.dtype=float32", "generator.backend=vllm", "generator.device=cuda",
+                           "generator.vllm.gpu_memory_utilization=0.3", "generator.vllm.max_model_len=512",
+                           "generator.sampling.max_new_tokens=64", *extra])
+    tokenizer = load_tokenizer(cfg.model)
+    start = time.perf_counter()
+    backend = VLLMBackend.from_config(cfg, tokenizer)
+    print(f"engine start: {time.perf_counter() - start:.1f} s ({' '.join(extra) or 'full weights'})")
+    return cfg, tokenizer, backend
+
+
+def main() -> int:
+    assert torch.cuda.is_available(), "gpu-smoke needs a CUDA GPU"
+    ok = True
+    cache = tempfile.mkdtemp(prefix="asyncrlhf-gpu-smoke-")
+    cfg, tokenizer, backend = engine(cache)
+    sampling = cfg.generator.sampling
+    prompts = encode_prompts(tokenizer, PROMPTS, cfg.model)
+    start = time.perf_counter()
+    groups = backend.generate(prompts, 4, sampling)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for g in groups for c in g)
+    print(f"vLLM generate: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.0f} tokens/s")
+
+    policy = load_policy(cfg.model, device="cuda")
+    print(f"parity before push: {gap(policy, prompts, groups, sampling):.2e} nats/token")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    start = time.perf_counter()
+    loss = torch.zeros((), device="cuda")
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids], device="cuda")
+            logits = policy(input_ids=ids).logits[0, len(prompt) - 1:-1]
+            loss = loss - torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(prompt):, None]).mean()
+    loss.backward()
+    optimizer.step()
+    torch.cuda.synchronize()
+    print(f"learner step on CUDA: {time.perf_counter() - start:.2f} s")
+
+    policy.eval()
+    state = {name: t.detach().cpu() for name, t in policy.state_dict().items()}
+    start = time.perf_counter()
+    backend.apply_weights(state, version=1)
+    print(f"full push: {time.perf_counter() - start:.2f} s")
+    after = gap(policy, prompts, backend.generate(prompts, 2, sampling), sampling)
+    print(f"parity after full push: {after:.2e} nats/token (target <= {PARITY_ATOL})")
+    ok &= after <= PARITY_ATOL
+    backend.close()
+
+    cfg, tokenizer, backend = engine(cache, "learner.lora.enabled=true", "learner.lora.r=8")
+    peft = load_policy(cfg.model, lora=cfg.learner.lora, device="cuda").eval()
+    gen = torch.Generator().manual_seed(0)
+    adapter = {n: 0.05 * torch.randn(t.shape, generator=gen)
+               for n, t in adapter_tensors(peft.state_dict()).items()}
+    peft.load_state_dict({n: t.cuda() for n, t in adapter.items()}, strict=False)
+    start = time.perf_counter()
+    backend.apply_weights(adapter, version=1)
+    print(f"LoRA push: {time.perf_counter() - start:.2f} s")
+    lora_gap = gap(peft, prompts, backend.generate(prompts, 2, sampling), sampling)
+    print(f"parity after LoRA push: {lora_gap:.2e} nats/token (target <= {PARITY_ATOL})")
+    ok &= lora_gap <= PARITY_ATOL
+    backend.close()
+    print("gpu-smoke: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The vLLM backend on a real engine (vLLM's CPU build here): generation, log-prob parity with the HF
+backend, full-weight pushes through the real WeightSync gRPC path, and a refused push. One engine for the
+module (eager: it starts in tens of seconds on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrlhf.config import SamplingConfig
+from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.sampling.hf import HFBackend
+from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.receiver import WeightReceiver
+from asyncrlhf.weights.server import serve
+from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, vllm_config
+from tests.unit.generator.peaked import perturbed_state_dict
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+SAMPLINGS = {
+    "t1": SamplingConfig(temperature=1.0, max_new_tokens=8),
+    "t0.7": SamplingConfig(temperature=0.7, max_new_tokens=8),
+    "t0.8-topk5-topp0.9": SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=8),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from asyncrlhf.sampling.vllm import VLLMBackend
+
+    cfg = vllm_config(tmp_path_factory.mktemp("vllm-cache"))
+    tokenizer = load_tokenizer(cfg.model)
+    backend = VLLMBackend.from_config(cfg, tokenizer)
+    prompts = encode_prompts(tokenizer, ["hello", "a longer prompt than that"], cfg.model)
+    yield cfg, tokenizer, backend, prompts
+    work_dir = backend.work_dir
+    backend.close()
+    assert not work_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def weightsync(engine):
+    """The engine behind a real WeightSync server, and a pusher to it."""
+    _, _, backend, _ = engine
+    server, port = serve(WeightReceiver(backend))
+    with WeightPusher(chunk_bytes=64 << 10) as pusher:
+        yield pusher, PushTarget("vllm-0", f"127.0.0.1:{port}")
+    server.stop(0)
+
+
+def test_k_samples_with_logprobs_finish_reasons_and_reproducible_seeds(engine):
+    cfg, _, backend, prompts = engine
+    sampling = SAMPLINGS["t1"]
+    groups = backend.generate(prompts, 3, sampling)
+    assert [len(g) for g in groups] == [3, 3]
+    for c in (c for g in groups for c in g):
+        assert 1 <= len(c.token_ids) <= sampling.max_new_tokens and len(c.logprobs) == len(c.token_ids)
+        assert all(lp < 0 for lp in c.logprobs)
+        assert c.finish == ("length" if len(c.token_ids) == sampling.max_new_tokens else "stop")
+    assert len({tuple(c.token_ids) for c in groups[0]}) > 1, "k samples of one prompt should differ"
+    backend._calls -= 1  # the same call again: the same per-call seed, the same samples
+    assert [[c.token_ids for c in g] for g in backend.generate(prompts, 3, sampling)] == \
+        [[c.token_ids for c in g] for g in groups]
+
+
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+def test_logprobs_match_the_hf_backend(engine, name):
+    cfg, _, backend, prompts = engine
+    reference = load_policy(cfg.model).eval()  # the weights the engine serves until the first push
+    assert backend.version == 0
+    groups = backend.generate(prompts, 4, SAMPLINGS[name])
+    assert max_gap(reference, prompts, groups, SAMPLINGS[name]) <= PARITY_ATOL
+
+
+def test_hf_backend_returns_the_same_definition_with_top_k_and_top_p(engine):
+    cfg, tokenizer, _, prompts = engine
+    sampling = SAMPLINGS["t0.8-topk5-topp0.9"]
+    hf = HFBackend.from_config(cfg.model_copy(update={"generator": cfg.generator.model_copy(
+        update={"backend": "hf"})}), tokenizer)
+    reference = load_policy(cfg.model).eval()
+    groups = hf.generate(prompts, 4, sampling)
+    assert max_gap(reference, prompts, groups, sampling) <= 1e-5
+
+
+def test_full_push_through_weightsync_changes_what_the_engine_computes(engine, weightsync):
+    cfg, _, backend, prompts = engine
+    pusher, target = weightsync
+    learner = load_policy(cfg.model).eval()
+    before = backend.generate(prompts, 2, SAMPLINGS["t1"])
+    weights = perturbed_state_dict(learner, seed=11, scale=0.2)
+    (outcome,) = pusher.push(weights, 1, [target])
+    assert outcome.status == "ok", outcome.detail
+    assert backend.version == 1
+    learner.load_state_dict(weights)
+    after = backend.generate(prompts, 2, SAMPLINGS["t0.7"])
+    assert max_gap(learner, prompts, after, SAMPLINGS["t0.7"]) <= PARITY_ATOL
+    assert max_gap(learner, prompts, before, SAMPLINGS["t1"]) > 0.05  # the old weights' log-probs
+
+
+def test_a_refused_push_leaves_the_engine_serving_the_old_version(engine, weightsync):
+    cfg, _, backend, prompts = engine
+    pusher, target = weightsync
+    learner = load_policy(cfg.model).eval()
+    good = perturbed_state_dict(learner, seed=12, scale=0.2)
+    (outcome,) = pusher.push(good, 2, [target])
+    assert outcome.status == "ok", outcome.detail
+    learner.load_state_dict(good)
+    bad = perturbed_state_dict(learner, seed=13, scale=0.2)
+    bad["lm_head.weight"] = bad["lm_head.weight"][:-1]  # wrong shape: refused before anything live changes
+    (outcome,) = pusher.push(bad, 3, [target])
+    assert outcome.status == "rejected" and "shape" in outcome.detail
+    assert backend.version == 2
+    groups = backend.generate(prompts, 2, SAMPLINGS["t1"])
+    assert max_gap(learner, prompts, groups, SAMPLINGS["t1"]) <= PARITY_ATOL
+    assert torch.isfinite(torch.tensor([lp for g in groups for c in g for lp in c.logprobs])).all()
