@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("asyncrlhf.stages.pipeline", "The seed's workflow: SFT -> relabel -> train-rm -> up -> report."),
     "report": ("asyncrlhf.report", "Write report.md and plots for a run directory."),
     "audit": ("asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."),
-    "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline, load."),
+    "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline, load, staleness."),
 }
 
 

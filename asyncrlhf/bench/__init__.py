@@ -9,7 +9,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-BENCHMARKS = ("transport", "generator", "pipeline", "load")
+BENCHMARKS = ("transport", "generator", "pipeline", "load", "staleness")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -6,6 +6,9 @@ redelivered is acked, never trained twice), validated (else dead-lettered), and 
 `asyncrlhf.algorithms.staleness_decision` (dropped, or admitted with the decision as part of the group). A
 group finishes when it is trained, dropped or dead-lettered: that frees its credit, so the feed enqueues the
 next prompt. In flight = enqueued - finished; both counters live in Redis and survive a restart.
+
+Under a controlled `learner.staleness_mode` (exact, paper) admitted groups are held back until the step
+their generating version is due (see `services.learner.held`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from asyncrlhf.algorithms import StalenessDecision, staleness_decision
+from asyncrlhf.algorithms import StalenessDecision, generates, generating_version, staleness_decision
 from asyncrlhf.config import Config
 from asyncrlhf.consumed import CONSUMED_LOG, ConsumedLog
 from asyncrlhf.models import encode_prompts
@@ -39,6 +42,7 @@ from asyncrlhf.tasks import load_task
 from asyncrlhf.training.batch import TrainGroup, validate_group
 from asyncrlhf.training.checkpoint import LearnerState
 from services.learner.feed import PromptFeed
+from services.learner.held import HeldGroups
 from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
@@ -79,6 +83,13 @@ class Schedule:
             client.set(self.feed.cursor_key, state.cursor)
             client.set(self._finished_key, state.finished)
         self.credits.reset(max(0, self.feed.cursor - self.finished))
+        self.held = HeldGroups(self.consumer, cfg.redis.claim_idle_ms)
+        if cfg.learner.staleness_mode != "bound" and (state.steps > 0 or self.feed.cursor > 0):
+            raise RuntimeError(
+                f"learner.staleness_mode={cfg.learner.staleness_mode} cannot resume run {cfg.run.name!r} "
+                "mid-way (its held-back groups were lost with the process, so staleness would not be exact): "
+                "start a new run (a new run.name and run.dir)"
+            )
 
     @property
     def finished(self) -> int:
@@ -88,12 +99,14 @@ class Schedule:
         """Read scored groups until a step's worth is admitted; enqueue prompts and call `while_waiting`
         (late generators) between reads. None when stopped or the prompt set is exhausted."""
         lc = self.cfg.learner
+        if lc.staleness_mode != "bound":
+            return self._collect_held(version, stop, while_waiting)
         batch = StepBatch()
         waited = time.perf_counter()
         while len(batch.deliveries) < lc.groups_per_step:
             if stop.is_set():
                 return None
-            self.feed.fill(version)
+            self._fill(version)
             while_waiting()
             self._reap_dead_letters(version)
             self._observe_queues()
@@ -114,7 +127,72 @@ class Schedule:
     def release(self, batch: StepBatch, version: int) -> None:
         """Free a trained step's credits and enqueue the next prompts at once."""
         self._finish(len(batch.deliveries), f"trained:{batch.deliveries[0].identity}")
-        self.feed.fill(version)
+        self._fill(version)
+
+    def _fill(self, version: int) -> None:
+        lc = self.cfg.learner
+        if lc.staleness_mode == "bound" or generates(version, lc.max_staleness, lc.staleness_mode):
+            self.feed.fill(version)
+
+    def _collect_held(self, version: int, stop: threading.Event,
+                      while_waiting: Callable[[], None]) -> StepBatch | None:
+        """Controlled staleness: wait until every enqueued group has arrived (none is generated across the
+        coming push), then take the step's groups from those of their generating version."""
+        lc = self.cfg.learner
+        source = generating_version(version, lc.max_staleness, lc.staleness_mode)
+        waited = time.perf_counter()
+        while True:
+            if stop.is_set():
+                return None
+            self._fill(version)
+            while_waiting()
+            self._reap_dead_letters(version)
+            self._observe_queues()
+            outstanding = self.credits.in_flight - len(self.held)
+            if outstanding <= 0:
+                if self.held.count(source) >= lc.groups_per_step:
+                    break
+                if self.feed.exhausted:
+                    log.info("the prompt set is exhausted (learner.data_epochs=%d)", lc.data_epochs)
+                    return None
+                raise RuntimeError(
+                    f"controlled staleness: version {version} needs {lc.groups_per_step} groups of version "
+                    f"{source}, {self.held.count(source)} are left and none is in flight"
+                )
+            for delivery in self.consumer.read(outstanding):
+                self._admit_held(delivery, version)
+            self.held.keep()
+        self.metrics.wait.inc(time.perf_counter() - waited)
+        deliveries = self.held.take(source, lc.groups_per_step)
+        decision = staleness_decision(source, version, lc.max_staleness, lc.stale_policy)
+        return StepBatch(deliveries, [decision] * len(deliveries))
+
+    def _admit_held(self, delivery: Delivery, version: int) -> None:
+        lc = self.cfg.learner
+        if delivery.identity in self.consumed.ids:
+            self.consumer.ack([delivery])
+            return
+        if delivery.identity in self.held:  # re-claimed: the same entry
+            self.held.add(delivery)
+            return
+        problem = validate_group(delivery.message, self.cfg.generator.samples_per_prompt)
+        if problem:
+            self.consumer.dead_letter(delivery, f"learner cannot train on it: {problem}")
+            return
+        window = version
+        while not generates(window, lc.max_staleness, lc.staleness_mode):
+            window -= 1
+        generated_by = delivery.message.policy_version
+        if generated_by == window:
+            self.held.add(delivery)
+            return
+        log.warning("group %s generated by version %d, enqueued under %d: dropped (off-schedule)",
+                    delivery.identity, generated_by, window)
+        self.consumed.append("dropped", version, [delivery.identity],
+                             staleness=version - generated_by, reason="off-schedule")
+        self.consumer.ack([delivery])
+        self.metrics.groups.labels("dropped").inc()
+        self._finish(1, f"dropped:{delivery.identity}")
 
     def _admit(self, delivery: Delivery, batch: StepBatch, version: int) -> None:
         group, lc = delivery.message, self.cfg.learner
