@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def bench(out: Path, timeout: int = 600) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "staleness", "--quick", "--json", "--out", str(out)]
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "staleness", "--quick", "--json",
+           "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
