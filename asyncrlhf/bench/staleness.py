@@ -27,9 +27,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from asyncrlhf.config import load_config
+import yaml
+
+from asyncrlhf.config import (
+    BestOfNLearnerConfig,
+    OnlineDPOLearnerConfig,
+    PolicyGradientLearnerConfig,
+    PPOLearnerConfig,
+    load_config,
+)
+from asyncrlhf.config.loading import _deep_merge, _read_yaml
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import read_rows
 
@@ -40,6 +49,8 @@ QUICK: dict[str, Any] = {
     "overrides": ["evaluator.num_prompts=8", "learner.kl.coef=0.01"],
 }
 METRICS = ("gold_reward", "win_rate", "kl")
+LEARNERS = (OnlineDPOLearnerConfig, PPOLearnerConfig, PolicyGradientLearnerConfig, BestOfNLearnerConfig)
+ALGORITHM_SECTIONS = ("online_dpo", "ppo", "policy_gradient")
 
 
 @dataclass
@@ -56,6 +67,23 @@ class Study:
 
     def name(self, algorithm: str, n: int, seed: int) -> str:
         return f"{algorithm}-{self.mode}{n}-seed{seed}"
+
+    def algorithm_config(self, algorithm: str) -> list[str]:
+        """The config files merged into one without the other algorithms' sections (configs/demo.yaml sets
+        `learner.online_dpo`, which an rloo run must not carry), in `<out>/configs/<algorithm>.yaml`."""
+        members = [m for m in LEARNERS if algorithm in get_args(m.model_fields["algorithm"].annotation)]
+        if not members:
+            raise SystemExit(f"asyncrlhf bench staleness: unknown algorithm {algorithm!r}")
+        data: dict[str, Any] = {}
+        for file in self.files:
+            _deep_merge(data, _read_yaml(Path(file)))
+        for section in ALGORITHM_SECTIONS:
+            if section not in members[0].model_fields:
+                data.get("learner", {}).pop(section, None)
+        path = self.root / "configs" / f"{algorithm}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return [str(path)]
 
     def run_overrides(self, algorithm: str, n: int, seed: int) -> list[str]:
         name = self.name(algorithm, n, seed)
@@ -87,11 +115,11 @@ def train(study: Study, algorithm: str, n: int, seed: int):
     """One run through `asyncrlhf up`, from scratch; returns its config and training seconds."""
     from asyncrlhf.launcher import Launcher
 
-    overrides = study.run_overrides(algorithm, n, seed)
-    cfg = load_config(study.files, overrides)
+    files, overrides = study.algorithm_config(algorithm), study.run_overrides(algorithm, n, seed)
+    cfg = load_config(files, overrides)
     shutil.rmtree(cfg.run.path, ignore_errors=True)  # an unfinished run is never resumed mid-way
     started = time.perf_counter()
-    if Launcher(cfg, study.files, overrides).run() != 0:
+    if Launcher(cfg, files, overrides).run() != 0:
         raise RuntimeError(f"the run {cfg.run.name} failed; see {cfg.run.path / 'logs'}")
     return cfg, time.perf_counter() - started
 
@@ -229,7 +257,9 @@ def parse(argv: Sequence[str]) -> tuple[Study, bool]:
     out = Path(args.out or ("runs/bench-staleness-quick" if args.quick else "runs/bench-staleness"))
     study = Study(files, overrides, args.algorithms or quick.get("algorithms") or list(ALGORITHMS), staleness,
                   args.seeds, steps, args.mode, out)
-    load_config(files, study.run_overrides(study.algorithms[0], staleness[0], args.seeds[0]))  # fail early
+    out.mkdir(parents=True, exist_ok=True)
+    for algorithm in study.algorithms:  # fail before the first run, not after hours
+        load_config(study.algorithm_config(algorithm), study.run_overrides(algorithm, max(staleness), 0))
     return study, args.json
 
 

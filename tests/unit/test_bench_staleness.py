@@ -42,3 +42,16 @@ def test_summarize_means_over_seeds_with_the_spread():
     assert (row["gold_reward"], row["win_rate"], row["kl"]) == pytest.approx((0.3, 0.625, 2.0))
     spreads = (row["gold_reward_spread"], row["win_rate_spread"], row["kl_spread"])
     assert spreads == pytest.approx((0.2, 0.25, 2.0))
+
+
+def test_each_algorithm_gets_the_config_without_the_other_algorithms_sections(tmp_path):
+    from asyncrlhf.bench.staleness import Study
+    from asyncrlhf.config import load_config
+
+    study = Study(["configs/demo.yaml"], [], ["online_dpo", "rloo"], [0, 4], [0], 10, "exact", tmp_path)
+    for algorithm in ("online_dpo", "rloo", "ppo"):  # demo.yaml sets learner.online_dpo.beta
+        cfg = load_config(study.algorithm_config(algorithm), study.run_overrides(algorithm, 4, 0))
+        assert cfg.learner.algorithm == algorithm and cfg.learner.staleness_mode == "exact"
+    assert load_config(study.algorithm_config("online_dpo")).learner.online_dpo.beta == 0.1
+    with pytest.raises(SystemExit, match="unknown algorithm 'sac'"):
+        study.algorithm_config("sac")
