@@ -14,7 +14,10 @@ from asyncrlhf.algorithms.masking import masked_mean, masked_sum, masked_var, to
 from asyncrlhf.algorithms.offpolicy import (
     ImportanceKind,
     StalenessDecision,
+    StalenessMode,
     decoupled_ppo_loss,
+    generates,
+    generating_version,
     importance_weights,
     staleness_decision,
 )
@@ -36,6 +39,7 @@ __all__ = [
     "KLKind",
     "Normalization",
     "StalenessDecision",
+    "StalenessMode",
     "best_of_n_loss",
     "best_of_n_select",
     "bradley_terry_loss",
@@ -43,6 +47,8 @@ __all__ = [
     "decoupled_ppo_loss",
     "dpo_loss",
     "gae",
+    "generates",
+    "generating_version",
     "grpo_advantages",
     "grpo_loss",
     "importance_weights",

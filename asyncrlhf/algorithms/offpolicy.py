@@ -130,3 +130,34 @@ def staleness_decision(
     if staleness <= max_staleness:
         return StalenessDecision(staleness, "fresh")
     return StalenessDecision(staleness, lookup(_BEYOND_BOUND, policy, "stale_policy"))
+
+
+StalenessMode = Literal["bound", "exact", "paper"]
+
+
+def generating_version(trained_at: int, staleness: int, mode: StalenessMode) -> int:
+    """The policy version that must generate the groups trained at version `trained_at` (versions start at 1,
+    the initial policy), under a controlled staleness of `staleness` (N).
+
+    "exact": ``max(1, v - N)``: every group is exactly N versions old, except in the first N steps, which
+    train on the initial policy's groups (staleness 0, 1, ..., N - 1). "paper" (Noukhovitch et al. 2024,
+    "Asynchronous RLHF", section 3): one policy generates N + 1 mini-batches, trained on in turn (staleness
+    0 ... N), then the next policy generates the next N + 1; the paper's N is our N + 1. N = 0 is the
+    synchronous run in both. "bound" controls nothing (staleness is only bounded): an error here.
+    """
+    if trained_at < 1 or staleness < 0:
+        raise ValueError(f"need trained_at >= 1 and staleness >= 0, got {trained_at} and {staleness}")
+    if mode == "exact":
+        return max(1, trained_at - staleness)
+    if mode == "paper":
+        return trained_at - (trained_at - 1) % (staleness + 1)
+    raise ValueError(f"staleness_mode {mode!r} does not fix a generating version (use exact or paper)")
+
+
+def generates(version: int, staleness: int, mode: StalenessMode) -> bool:
+    """Whether policy `version` generates any groups under the controlled `mode` (see `generating_version`):
+    every version under "exact" (version u generates what is trained at u + N), every (N + 1)-th one from 1
+    under "paper"."""
+    if mode == "exact":
+        return version >= 1
+    return generating_version(version, staleness, mode) == version

@@ -9,7 +9,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos")
+BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos", "staleness")
 
 
 def main(argv: Sequence[str]) -> int:

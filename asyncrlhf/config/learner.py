@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrlhf.config.base import Section, Tagged
 
@@ -103,6 +103,11 @@ class LearnerBase(Section):
     stale_policy: Literal["drop", "tis", "decoupled", "keep"] = Field(
         "drop", description="For a group older than max_staleness: drop, IS-correct, or keep it."
     )
+    staleness_mode: Literal["bound", "exact", "paper"] = Field(
+        "bound", description="bound: groups are at most max_staleness versions old; exact: every group is "
+        "exactly max_staleness old (the first max_staleness steps train on the initial policy's); paper: one "
+        "policy generates max_staleness + 1 batches, trained in turn (Noukhovitch et al. 2024)."
+    )
     tis_cap: float = Field(2.0, gt=0, description="Truncated importance weights are clamped at this value.")
     kl: KLConfig = KLConfig()
     lora: LoraConfig = LoraConfig()
@@ -121,6 +126,15 @@ class LearnerBase(Section):
     threads: int = Field(0, ge=0)
     http_host: str = "127.0.0.1"
     http_port: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _controlled_staleness_pushes_every_step(self) -> LearnerBase:
+        if self.staleness_mode != "bound" and self.sync_every != 1:
+            raise ValueError(
+                f"learner.staleness_mode={self.staleness_mode} needs every version pushed to the generators: "
+                f"set learner.sync_every=1 (it is {self.sync_every}), or use staleness_mode=bound"
+            )
+        return self
 
     # A moved key a user may reach for under this algorithm -> what this algorithm has instead (`{prefix}`:
     # the learner's dotted path).

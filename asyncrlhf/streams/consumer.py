@@ -299,3 +299,11 @@ class Consumer(Generic[M]):
         if now >= self._next_prune:
             self._next_prune = now + 60
             self.client.zremrangebyscore(self.seen_key, "-inf", time.time() - self.seen_ttl_s)
+
+
+def hold(consumer: Consumer, deliveries: Sequence[Delivery]) -> None:
+    """Keep `deliveries` (read by `consumer`, deliberately not acked yet) from being re-claimed as stalled:
+    resets their idle time without counting a delivery (XCLAIM to the same consumer, min-idle 0, JUSTID)."""
+    if deliveries:
+        ids: list[bytes | str | int | memoryview] = [d.entry_id for d in deliveries]
+        consumer.client.xclaim(consumer.key, consumer.group, consumer.name, 0, ids, justid=True)

@@ -6,6 +6,9 @@ redelivered is acked, never trained twice), validated (else dead-lettered), and 
 `asyncrlhf.algorithms.staleness_decision` (dropped, or admitted with the decision as part of the group). A
 group finishes when it is trained, dropped or dead-lettered: that frees its credit, so the feed enqueues the
 next prompt. In flight = enqueued - finished; both counters live in Redis and survive a restart.
+
+Under a controlled `learner.staleness_mode` (exact, paper) admitted groups are held back until the step
+their generating version is due (see `services.learner.held`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from asyncrlhf.algorithms import StalenessDecision, staleness_decision
+from asyncrlhf.algorithms import StalenessDecision, generates, staleness_decision
 from asyncrlhf.config import Config
 from asyncrlhf.consumed import CONSUMED_LOG, ConsumedLog
 from asyncrlhf.models import encode_prompts
@@ -27,7 +30,6 @@ from asyncrlhf.streams import (
     DEAD_LETTER,
     FEED_CURSOR,
     FLOW,
-    ID_FIELD,
     LEARNER_DEAD_LETTER_CURSOR,
     LEARNER_FINISHED,
     LEARNER_GROUP,
@@ -40,7 +42,9 @@ from asyncrlhf.tasks import fit_prompts, load_task, plain_text
 from asyncrlhf.training.batch import TrainGroup, validate_group
 from asyncrlhf.training.checkpoint import LearnerState
 from services.learner.feed import PromptFeed, group_index
+from services.learner.held import HeldGroups, collect_held
 from services.learner.metrics import LearnerMetrics
+from services.learner.recovery import recover, requeue
 
 log = logging.getLogger("asyncrlhf.learner")
 _STALE_LABELS = {"keep": "kept", "correct": "corrected", "drop": "dropped"}
@@ -61,16 +65,6 @@ class StepBatch:
         """In group-id order, so a step's batch does not depend on arrival order."""
         order = sorted(range(len(self.deliveries)), key=lambda i: self.deliveries[i].identity)
         return StepBatch([self.deliveries[i] for i in order], [self.decisions[i] for i in order])
-
-
-def ids_in_streams(streams: RunStreams) -> set[str]:
-    """Group ids with an entry in a flow stream or in the dead-letter stream (in flight, or ending)."""
-    ids = {d.identity for d in streams.dead_letters(count=None)}
-    for spec, _ in FLOW:
-        entries = streams.client.xrange(streams.key(spec.name))
-        for _, fields in entries:  # type: ignore[union-attr]  # redis-py types replies as optional
-            ids.add(fields.get(ID_FIELD, b"").decode(errors="replace"))  # type: ignore[union-attr]
-    return ids
 
 
 class Schedule:
@@ -97,8 +91,16 @@ class Schedule:
         state.lineage = self.consumed.begin(state.lineage if resumed else 0, state.version if resumed else 0)
         self.lineage = self.feed.lineage = state.lineage
         metrics.lineage.set(state.lineage)
-        self._recover(state.cursor, state.version)
+        self.retrain: set[str] = set()  # groups whose update was lost (set by `recover`)
+        recover(self, state.cursor, state.version)
         self._redis_run_id, self._redis_checked = self._redis_identity(), time.monotonic()
+        self.held = HeldGroups(self.consumer, cfg.redis.claim_idle_ms)
+        if cfg.learner.staleness_mode != "bound" and (state.steps > 0 or self.feed.cursor > 0):
+            raise RuntimeError(
+                f"learner.staleness_mode={cfg.learner.staleness_mode} cannot resume run {cfg.run.name!r} "
+                "mid-way (its held-back groups were lost with the process, so staleness would not be exact): "
+                "start a new run (a new run.name and run.dir)"
+            )
 
     def _redis_identity(self) -> str:
         return str(self.client.info("server").get("run_id", ""))
@@ -115,49 +117,7 @@ class Schedule:
         log.warning("Redis restarted (run id %s -> %s): checking the streams against the consumed log",
                     self._redis_run_id[:8], run_id[:8])
         self._redis_run_id = run_id
-        self._recover(self.feed.known_cursor, version, {d.identity for d in holding.deliveries})
-
-    def _recover(
-        self, cursor_floor: int, version: int, holding: frozenset[str] | set[str] = frozenset()
-    ) -> None:
-        """Bring Redis in line with the consumed log (the learner's own fsynced record) at a start.
-
-        Every group below the cursor either ended for this lineage's model (trained in its history, dropped,
-        dead-lettered) or is in flight (an entry of a stream, or a dead letter not yet counted). Any other is
-        enqueued again under its id: a group trained after the resumed checkpoint (its update was lost with
-        the learner; re-enqueueing its prompt samples it afresh from the resumed weights, where replaying the
-        stored rollout would train the model on a dead lineage's samples, and acked rollouts are deleted), or
-        one whose entry a Redis crash lost. Then the finished count and the credits follow from the log."""
-        logged = [i + 1 for i in map(group_index, self.consumed.ids) if i >= 0]
-        cursor = max([self.feed.cursor, cursor_floor, *logged])
-        if cursor != self.feed.cursor:  # Redis came back without the cursor (lost, or an older AOF)
-            log.warning("feed cursor %d in Redis is behind the learner's records; continuing at %d",
-                        self.feed.cursor, cursor)
-            self.client.set(self.feed.cursor_key, cursor)
-            self.feed.known_cursor = cursor
-        present = ids_in_streams(self.streams) | holding
-        missing = [f"g{i:08d}" for i in range(cursor)]
-        missing = [g for g in missing if g not in self.consumed.ids and g not in present]
-        self.retrain = self.consumed.trained_elsewhere()  # groups whose update was lost: train them again
-        if missing:
-            retrain = [g for g in missing if g in self.retrain]
-            self._requeue(retrain, version, "update_lost")
-            self._requeue([g for g in missing if g not in self.retrain], version, "entry_lost")
-            log.warning("lineage %d: enqueued %d groups again (%d trained after the resumed checkpoint, %d "
-                        "lost from Redis)", self.lineage, len(missing), len(retrain),
-                        len(missing) - len(retrain))
-        finished = sum(1 for g in self.consumed.ids if self.feed.enqueued(g))
-        self.client.set(self._finished_key, finished)
-        self.credits.reset(max(0, cursor - finished))
-
-    def _requeue(self, group_ids: list[str], version: int, reason: str) -> None:
-        """Enqueue groups again under their ids (logged first: a crash in between is repaired at the next
-        start, which finds them in no stream)."""
-        if group_ids:
-            self.consumed.append("requeued", version, group_ids, lineage=self.lineage, reason=reason)
-            seen = [self.streams.seen_key(spec, group) for spec, group in FLOW]
-            self.feed.requeue(group_ids, version, seen)
-            self.metrics.requeued.labels(reason).inc(len(group_ids))
+        recover(self, self.feed.known_cursor, version, {d.identity for d in holding.deliveries})
 
     @property
     def known_cursor(self) -> int:
@@ -179,13 +139,16 @@ class Schedule:
         """Read scored groups until a step's worth is admitted; enqueue prompts and call `while_waiting`
         (late generators) between reads. None when stopped or the prompt set is exhausted."""
         lc = self.cfg.learner
+        if lc.staleness_mode != "bound":
+            held = collect_held(self, version, stop, while_waiting)
+            return None if held is None else StepBatch(held[0], [held[1]] * len(held[0]))
         batch = StepBatch()
         waited = time.perf_counter()
         while len(batch.deliveries) < lc.groups_per_step:
             if stop.is_set():
                 return None
             self._after_redis_restart(version, batch)
-            self.feed.fill(version)
+            self._fill(version)
             while_waiting()
             self._reap_dead_letters(version)
             self._observe_queues()
@@ -207,7 +170,12 @@ class Schedule:
     def release(self, batch: StepBatch, version: int) -> None:
         """Free a trained step's credits and enqueue the next prompts at once."""
         self._finish(len(batch.deliveries), f"trained:{self.lineage}:{batch.deliveries[0].identity}")
-        self.feed.fill(version)
+        self._fill(version)
+
+    def _fill(self, version: int) -> None:
+        lc = self.cfg.learner
+        if lc.staleness_mode == "bound" or generates(version, lc.max_staleness, lc.staleness_mode):
+            self.feed.fill(version)
 
     def _admit(self, delivery: Delivery, batch: StepBatch, version: int) -> None:
         group, lc = delivery.message, self.cfg.learner
@@ -229,7 +197,7 @@ class Schedule:
             # Its earlier training was lost with a learner; dropping it would leave a group logged as trained
             # in no model: sample it again from the current weights instead.
             self.consumer.ack([delivery])
-            self._requeue([delivery.identity], version, "stale_retrain")
+            requeue(self, [delivery.identity], version, "stale_retrain")
             return
         if not decision.trained:
             self.consumed.append("dropped", version, [delivery.identity], staleness=decision.staleness)

@@ -25,6 +25,7 @@ from asyncrlhf.streams import (
     RunStreams,
     connect,
 )
+from asyncrlhf.streams.consumer import hold
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +128,22 @@ def test_entry_never_acked_is_dead_lettered_after_max_deliveries(streams):
         time.sleep(0.05)
     assert deliveries == [1, 2]
     assert "delivered 3 times without an ack" in streams.dead_letters()[0].reason
+
+
+def test_a_held_entry_is_not_reclaimed_nor_counted_as_redelivered(streams):
+    streams.producer(PROMPTS).add(prompts(1)[0])
+    holder, other = (streams.consumer(PROMPTS, GENERATOR_GROUP, name) for name in ("holder", "other"))
+    [held] = holder.read(1, block_ms=0)
+    stolen = []
+    deadline = time.monotonic() + 1.2  # six times claim_idle_ms=200
+    while time.monotonic() < deadline:
+        hold(holder, [held])
+        stolen += other.read(1, block_ms=0)
+        time.sleep(0.05)
+    assert stolen == [] and not streams.dead_letters()
+    time.sleep(0.3)  # no longer held: idle past claim_idle_ms, so the other consumer re-claims it
+    [claimed] = other.read(1, block_ms=0)
+    assert claimed.identity == held.identity and claimed.deliveries == 2  # hold did not count a delivery
 
 
 def test_duplicate_group_is_processed_once(streams):

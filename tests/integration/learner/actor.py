@@ -48,6 +48,7 @@ class Actor:
                                    lineage=lambda: self.receiver.lineage).start()
         self.version_offset = version_offset
         self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
+        self.generated_by: dict[str, int] = {}  # the version each group was tagged with, by id
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -68,6 +69,7 @@ class Actor:
                       for d in deliveries]
             consumer.ack(deliveries, groups, to=out)
             self.prompts.update({d.identity: d.message for d in deliveries})
+            self.generated_by.update({g.group_id: g.policy_version for g in groups})
 
     def close(self) -> None:
         self.stop.set()

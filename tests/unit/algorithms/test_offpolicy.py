@@ -7,6 +7,8 @@ from torch.testing import assert_close
 from asyncrlhf.algorithms import (
     StalenessDecision,
     decoupled_ppo_loss,
+    generates,
+    generating_version,
     importance_weights,
     ppo_policy_loss,
     staleness_decision,
@@ -101,3 +103,28 @@ def test_staleness_decision_rejects_negative_bound_and_unknown_policy():
         staleness_decision(1, 1, -1, "drop")
     with pytest.raises(ValueError, match="unknown stale_policy 'sometimes'"):
         staleness_decision(1, 5, 0, "sometimes")
+
+
+def test_generating_version_exact_is_n_behind_after_the_warm_up():
+    # N = 2: versions 1, 2, 3 train on the initial policy's groups (1), then v trains on v - 2's
+    assert [generating_version(v, 2, "exact") for v in range(1, 8)] == [1, 1, 1, 2, 3, 4, 5]
+    # N = 0: the synchronous run, every version trains on its own groups
+    assert [generating_version(v, 0, "exact") for v in range(1, 5)] == [1, 2, 3, 4]
+
+
+def test_generating_version_paper_cycles_of_n_plus_one_batches():
+    # N = 2 (the paper's N = 3): version 1 generates for 1, 2, 3 (staleness 0, 1, 2); version 4 for 4, 5, 6
+    assert [generating_version(v, 2, "paper") for v in range(1, 8)] == [1, 1, 1, 4, 4, 4, 7]
+    assert [generating_version(v, 0, "paper") for v in range(1, 5)] == [1, 2, 3, 4]
+
+
+def test_generates_says_which_versions_sample():
+    assert all(generates(v, 2, "exact") for v in range(1, 8))
+    assert [v for v in range(1, 9) if generates(v, 2, "paper")] == [1, 4, 7]
+
+
+def test_generating_version_rejects_the_bound_mode_and_bad_versions():
+    with pytest.raises(ValueError, match="use exact or paper"):
+        generating_version(3, 1, "bound")
+    with pytest.raises(ValueError, match="trained_at >= 1"):
+        generating_version(0, 1, "exact")

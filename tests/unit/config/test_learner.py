@@ -97,3 +97,12 @@ def test_a_file_written_before_the_union_fails_naming_the_new_place(tmp_path):
     old.write_text("learner:\n  algorithm: online_dpo\n  lr: 5.0e-4\n  beta: 0.1\n")
     with pytest.raises(ConfigError, match="`learner.online_dpo.beta`"):
         load_config([old])
+
+
+def test_controlled_staleness_needs_a_push_every_step():
+    cfg = load_config(["configs/tiny.yaml"], ["learner.staleness_mode=exact", "learner.max_staleness=2"])
+    assert cfg.learner.staleness_mode == "exact"
+    with pytest.raises(ConfigError, match="set learner.sync_every=1"):
+        load_config(["configs/tiny.yaml"], ["learner.staleness_mode=paper", "learner.sync_every=2"])
+    with pytest.raises(ConfigError, match="staleness_mode"):
+        load_config(["configs/tiny.yaml"], ["learner.staleness_mode=exactly"])

@@ -1,0 +1,57 @@
+"""The staleness study's bookkeeping: what the consumed log says was trained, and the per-cell summary."""
+
+import json
+
+import pytest
+
+from asyncrlhf.bench.staleness import staleness_trained, summarize
+
+pytestmark = pytest.mark.unit
+
+
+def write_log(run_dir, rows):
+    (run_dir / "consumed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_staleness_trained_excludes_the_exact_warm_up_and_counts_every_group(tmp_path):
+    # N = 2, exact: versions 1, 2 train on the initial policy's groups (staleness 0, 1), then 2 from step 3
+    write_log(tmp_path, [
+        {"kind": "trained", "version": 2, "group_ids": ["g0", "g1"], "staleness": [0, 0]},
+        {"kind": "trained", "version": 3, "group_ids": ["g2", "g3"], "staleness": [1, 1]},
+        {"kind": "dropped", "version": 3, "group_ids": ["g9"], "staleness": 1,
+         "reason": "off-schedule"},
+        {"kind": "trained", "version": 4, "group_ids": ["g4", "g5"], "staleness": [2, 2]},
+        {"kind": "trained", "version": 5, "group_ids": ["g6", "g7"], "staleness": [2, 2]},
+    ])
+    got = staleness_trained(tmp_path, 2, "exact")
+    assert (got["min_staleness_trained"], got["max_staleness_trained"]) == (2, 2)
+    assert got["staleness_histogram"] == {"0": 2, "1": 2, "2": 4}
+    assert (got["warmup_steps"], got["steps"], got["dropped"]) == (2, 4, 1)
+    # the paper's protocol has no warm-up: its cycle 0, 1, 2 is the point
+    paper = staleness_trained(tmp_path, 2, "paper")
+    assert (paper["min_staleness_trained"], paper["max_staleness_trained"]) == (0, 2)
+    assert paper["warmup_steps"] == 0
+
+
+def test_summarize_means_over_seeds_with_the_spread():
+    runs = [{"algorithm": "rloo", "staleness": 4, "gold_reward": g, "win_rate": w, "kl": k}
+            for g, w, k in [(0.2, 0.50, 1.0), (0.4, 0.75, 3.0)]]
+    [row] = summarize(runs)
+    # means: (0.2 + 0.4) / 2 = 0.3, (0.5 + 0.75) / 2 = 0.625, (1 + 3) / 2 = 2; spreads 0.2, 0.25, 2
+    assert row["seeds"] == 2
+    assert (row["gold_reward"], row["win_rate"], row["kl"]) == pytest.approx((0.3, 0.625, 2.0))
+    spreads = (row["gold_reward_spread"], row["win_rate_spread"], row["kl_spread"])
+    assert spreads == pytest.approx((0.2, 0.25, 2.0))
+
+
+def test_each_algorithm_gets_the_config_without_the_other_algorithms_sections(tmp_path):
+    from asyncrlhf.bench.staleness import Study
+    from asyncrlhf.config import load_config
+
+    study = Study(["configs/demo.yaml"], [], ["online_dpo", "rloo"], [0, 4], [0], 10, "exact", tmp_path)
+    for algorithm in ("online_dpo", "rloo", "ppo"):  # demo.yaml sets learner.online_dpo.beta
+        cfg = load_config(study.algorithm_config(algorithm), study.run_overrides(algorithm, 4, 0))
+        assert cfg.learner.algorithm == algorithm and cfg.learner.staleness_mode == "exact"
+    assert load_config(study.algorithm_config("online_dpo")).learner.online_dpo.beta == 0.1
+    with pytest.raises(SystemExit, match="unknown algorithm 'sac'"):
+        study.algorithm_config("sac")
