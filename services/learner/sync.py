@@ -41,6 +41,7 @@ class WeightPublisher:
         self._pushed: dict[str, tuple[int, float]] = {}  # generator id -> (version pushed, when)
         self._last_sync = 0.0
         self._failures: dict[str, int] = {}  # generator id -> failed pushes in a row
+        self._failing_since: dict[str, float] = {}  # generator id -> time.monotonic() of the first of them
 
     def publish(self, version: int) -> None:
         """Snapshot the weights of `version` (all ranks) and push them to every live generator (rank 0)."""
@@ -87,6 +88,7 @@ class WeightPublisher:
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
                 self._pushed[target] = (self.version, time.monotonic())
                 self._failures.pop(target, None)
+                self._failing_since.pop(target, None)
             else:
                 self.metrics.push_failures.labels(target, outcome.status).inc()
                 self._pushed[target] = (0, time.monotonic())
@@ -102,8 +104,12 @@ class WeightPublisher:
             raise PushFailed(f"{what}. The generator cannot take these weights: check that it serves the "
                              "same model (and LoRA settings) as the learner and the same run.token.")
         failures = self._failures[target.id] = self._failures.get(target.id, 0) + 1
-        limit = self.cfg.learner.push_max_failures
-        if failures >= limit:
-            raise PushFailed(f"{what}; {failures} failed pushes in a row to a generator that stays "
-                             f"registered (learner.push_max_failures={limit}): check its log and network.")
+        first = self._failing_since.setdefault(target.id, time.monotonic())
+        limit, ttl = self.cfg.learner.push_max_failures, self.cfg.generator.registry_ttl_s
+        # A generator that died leaves the registry within its TTL: one still listed after failing that long
+        # keeps heart-beating, yet cannot be reached. Only that fails the learner; a dead one is waited out.
+        if failures >= limit and time.monotonic() - first >= ttl:
+            raise PushFailed(f"{what}; {failures} failed pushes in a row over {ttl:g} s to a generator that "
+                             f"stays registered (learner.push_max_failures={limit}, "
+                             "generator.registry_ttl_s): check its log and network.")
         log.warning("%s (failure %d of at most %d in a row; retrying)", what, failures, limit)

@@ -2,6 +2,7 @@
 permanent refusal fails the learner at once with the receiver's reason; transient failures are retried up
 to `learner.push_max_failures` in a row."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -60,10 +61,22 @@ def test_the_same_weights_are_accepted(redis_client, redis_url, run_name, genera
 
 def test_an_unreachable_live_generator_is_retried_up_to_the_bound(redis_client, redis_url, run_name):
     pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "learner.push_max_failures=3",
-                              "learner.push_timeout_s=5")
-    registry.register("g0", f"127.0.0.1:{free_port()}", 0)  # registered, but nothing listens there
+                              "learner.push_timeout_s=5", "generator.registry_ttl_s=0.5")
+    registry.register("g0", f"127.0.0.1:{free_port()}", 0)  # registered (TTL 30 s), but nothing listens there
     pub.publish(1)
     pub.publish(2)  # two transient failures: warned and retried
-    with pytest.raises(PushFailed, match=r"unreachable: UNAVAILABLE.*3 failed pushes in a row.*failures=3"):
+    time.sleep(0.6)  # still registered a registry TTL after the first failure: alive, yet unreachable
+    with pytest.raises(PushFailed, match=r"unreachable: UNAVAILABLE.*3 failed pushes in a row over 0.5 s"):
         pub.publish(3)
+    pub.close()
+
+
+def test_a_dead_generator_still_listed_is_waited_out_not_fatal(redis_client, redis_url, run_name):
+    """Killed generators stay in the registry until their TTL runs out; fast steps push to them meanwhile."""
+    pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "learner.push_max_failures=3",
+                              "learner.push_timeout_s=5", "generator.registry_ttl_s=30")
+    registry.register("g0", f"127.0.0.1:{free_port()}", 0)
+    for version in range(1, 6):  # five failures in a row, well within the TTL: retried, never fatal
+        pub.publish(version)
+    assert pub._failures["g0"] == 5
     pub.close()
