@@ -51,6 +51,17 @@ def engine(cache: str, *extra: str):
     return cfg, tokenizer, backend
 
 
+def push_and_check(what, backend, model, weights, prompts, sampling) -> bool:
+    """Push `weights` into the engine as version 1, time it, and compare its log-probs with `model`'s."""
+    start = time.perf_counter()
+    backend.apply_weights(weights, version=1)
+    print(f"{what} push: {time.perf_counter() - start:.2f} s")
+    measured = gap(model, prompts, backend.generate(prompts, 2, sampling), sampling)
+    print(f"parity after {what} push: {measured:.2e} nats/token (target <= {PARITY_ATOL})")
+    backend.close()
+    return measured <= PARITY_ATOL
+
+
 def main() -> int:
     assert torch.cuda.is_available(), "gpu-smoke needs a CUDA GPU"
     ok = True
@@ -81,13 +92,7 @@ def main() -> int:
 
     policy.eval()
     state = {name: t.detach().cpu() for name, t in policy.state_dict().items()}
-    start = time.perf_counter()
-    backend.apply_weights(state, version=1)
-    print(f"full push: {time.perf_counter() - start:.2f} s")
-    after = gap(policy, prompts, backend.generate(prompts, 2, sampling), sampling)
-    print(f"parity after full push: {after:.2e} nats/token (target <= {PARITY_ATOL})")
-    ok &= after <= PARITY_ATOL
-    backend.close()
+    ok &= push_and_check("full", backend, policy, state, prompts, sampling)
 
     cfg, tokenizer, backend = engine(cache, "learner.lora.enabled=true", "learner.lora.r=8")
     peft = load_policy(cfg.model, lora=cfg.learner.lora, device="cuda").eval()
@@ -95,13 +100,7 @@ def main() -> int:
     adapter = {n: 0.05 * torch.randn(t.shape, generator=gen)
                for n, t in adapter_tensors(peft.state_dict()).items()}
     peft.load_state_dict({n: t.cuda() for n, t in adapter.items()}, strict=False)
-    start = time.perf_counter()
-    backend.apply_weights(adapter, version=1)
-    print(f"LoRA push: {time.perf_counter() - start:.2f} s")
-    lora_gap = gap(peft, prompts, backend.generate(prompts, 2, sampling), sampling)
-    print(f"parity after LoRA push: {lora_gap:.2e} nats/token (target <= {PARITY_ATOL})")
-    ok &= lora_gap <= PARITY_ATOL
-    backend.close()
+    ok &= push_and_check("LoRA", backend, peft, adapter, prompts, sampling)
     print("gpu-smoke: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 
