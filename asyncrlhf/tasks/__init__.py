@@ -28,16 +28,18 @@ class Task:
     eval_references: list[str | None] = field(default_factory=list)  # aligned with `eval`; empty: none
 
 
-def fit_prompts(task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConfig) -> Task:
+def fit_prompts(
+    task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConfig
+) -> tuple[Task, list[list[int]]]:
     """Apply `task.too_long` to training prompts whose (untruncated) token ids exceed `max_tokens`: keep
-    them (the encoder keeps their last tokens), fail naming the first, or drop them. `ids` align with
-    `task.train`."""
+    them (their last tokens, as the encoder truncates), fail naming the first, or drop them. `ids` align with
+    `task.train`; returns the task and the kept prompts' ids, truncated: one encoding serves both."""
     long = [i for i, x in enumerate(ids) if len(x) > max_tokens]
     if not long or cfg.too_long == "truncate":
         if long:
             log.info("%d of %d prompts exceed model.max_prompt_tokens=%d: their last tokens are kept",
                      len(long), len(ids), max_tokens)
-        return task
+        return task, [x[-max_tokens:] for x in ids]
     where = f"{cfg.dataset or cfg.train_path or cfg.name}, row {long[0]}, field `{cfg.prompt_field}`"
     if cfg.too_long == "fail":
         raise TaskError(f"{where}: the prompt is {len(ids[long[0]])} tokens, over model.max_prompt_tokens="
@@ -49,8 +51,9 @@ def fit_prompts(task: Task, ids: list[list[int]], max_tokens: int, cfg: TaskConf
     if not keep:
         raise TaskError(f"every prompt of {where.split(',')[0]} is over model.max_prompt_tokens={max_tokens}")
     refs = [task.train_references[i] for i in keep] if task.train_references else []
-    return Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs,
+    kept = Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs,
                 eval_references=task.eval_references)
+    return kept, [ids[i] for i in keep]
 
 
 def plain_text(prompt: Prompt) -> str:

@@ -49,10 +49,6 @@ class UserDeepSpeed:
     overrides: list[str] = field(default_factory=list)  # "JSON key=value wins over learner.key=value"
 
     @property
-    def has_optimizer(self) -> bool:
-        return "optimizer" in self.config
-
-    @property
     def has_scheduler(self) -> bool:
         return "scheduler" in self.config
 

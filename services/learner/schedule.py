@@ -76,11 +76,10 @@ class Schedule:
         self.credits = streams.credits((cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step)
         task = load_task(cfg.task)
         whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})  # lengths before truncation
-        task = fit_prompts(task, encode_prompts(tokenizer, task.train, whole), cfg.model.max_prompt_tokens,
-                           cfg.task)
+        task, prompt_ids = fit_prompts(task, encode_prompts(tokenizer, task.train, whole),
+                                       cfg.model.max_prompt_tokens, cfg.task)
         texts = [plain_text(p) for p in task.train]
-        self.feed = PromptFeed(client, streams.producer(PROMPTS), self.credits, texts,
-                               encode_prompts(tokenizer, task.train, cfg.model),
+        self.feed = PromptFeed(client, streams.producer(PROMPTS), self.credits, texts, prompt_ids,
                                references=task.train_references,
                                k=cfg.generator.samples_per_prompt, seed=cfg.run.seed,
                                data_epochs=cfg.learner.data_epochs, cursor_key=streams.key(FEED_CURSOR))

@@ -103,7 +103,7 @@ def test_a_prompt_over_the_window_fails_is_skipped_or_truncated(tmp_path, caplog
         cfg = task(*base, *overrides)
         t = load_task(cfg.task)
         whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})
-        return fit_prompts(t, encode_prompts(tokenizer, t.train, whole), 64, cfg.task)
+        return fit_prompts(t, encode_prompts(tokenizer, t.train, whole), 64, cfg.task)[0]
 
     with pytest.raises(TaskError, match=r"row 1, field `prompt`: the prompt is \d+ tokens, over model"):
         fit("task.too_long=fail")
