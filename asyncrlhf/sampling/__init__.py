@@ -1,7 +1,7 @@
 """The sampling backends behind one small interface, and the factory that builds one from the config.
 
 A backend owns a model and the weights version it serves. It is not thread-safe: the service serialises
-generation batches and weight swaps with a `services.generator.gate.BackendGate`.
+generation batches and weight swaps with a `asyncrlhf.serving.gate.BackendGate`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The generator service: samples k completions per prompt group and streams RolloutGroups to Redis.
-The sampling backends (HF, vLLM) are library code: `asyncrlhf.sampling`.
+The sampling backends (HF, vLLM) and the backend gate are library code: `asyncrlhf.sampling`,
+`asyncrlhf.serving.gate`.
 
     loop.py     prompts stream -> backend -> rollouts stream, one batch at a time
-    gate.py     generation batches and weight swaps take turns on the backend
     server.py   WeightSync gRPC server into the backend, registry heartbeat
     http.py     /healthz /readyz /metrics and POST /v1/completions
     metrics.py  the Prometheus metrics

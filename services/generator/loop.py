@@ -18,8 +18,8 @@ from itertools import groupby
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.config import Config
 from asyncrlhf.sampling import Backend, Completion
+from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import Consumer, Delivery, Producer
-from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
 from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.service import HttpServer, check_bind
+from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
-from services.generator.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.loop import GeneratorLoop
 from services.generator.metrics import GeneratorMetrics

@@ -22,10 +22,10 @@ from asyncrlhf.config import Config
 from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
+from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.tls import server_credentials
-from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")

@@ -9,8 +9,8 @@ from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
+from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from services.generator.gate import BackendGate
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap, start_weight_sync
 from tests.unit.generator.peaked import perturbed_state_dict

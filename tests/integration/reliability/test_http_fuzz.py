@@ -15,7 +15,7 @@ from asyncrlhf.config import RewardConfig, RuleScorerConfig, load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.sampling.hf import HFBackend
-from services.generator.gate import BackendGate
+from asyncrlhf.serving.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 from services.reward.http import ServingState, create_app

@@ -11,7 +11,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.service import HttpServer
-from services.generator.gate import BackendGate
+from asyncrlhf.serving.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 

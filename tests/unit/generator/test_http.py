@@ -4,7 +4,7 @@ from fastapi.testclient import TestClient
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
-from services.generator.gate import BackendGate
+from asyncrlhf.serving.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 

@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from services.generator.gate import BackendGate, GateBusy
+from asyncrlhf.serving.gate import BackendGate, GateBusy
 
 pytestmark = pytest.mark.unit
 WAIT_S = 10
