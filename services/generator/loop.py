@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import groupby
 
-from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
+from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.sampling import Backend, Completion
+from asyncrlhf.sampling.rollouts import rollout_group
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import Consumer, Delivery, Producer
 from services.generator.metrics import GeneratorMetrics
@@ -25,7 +26,6 @@ from services.generator.metrics import GeneratorMetrics
 log = logging.getLogger(__name__)
 
 MAX_GROUP_SAMPLES = 256  # a larger k is a malformed entry, not a request to honour
-_FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
 
 
 def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> list[int]:
@@ -45,17 +45,6 @@ def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> 
         raise ValueError(f"prompt group {prompt.group_id!r} has token ids outside the vocabulary "
                          f"[0, {vocab}): {bad[:5]}")
     return ids
-
-
-def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], version: int, generator_id: str,
-                  started_at: float, generated_at: float, decode: Callable[[list[int]], str],
-                  lineage: int = 0) -> RolloutGroup:
-    """The RolloutGroup of one prompt's k completions, all sampled by weights `(lineage, version)`."""
-    samples = [Sample(completion_token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=_FINISH[c.finish],
-                      text=decode(c.token_ids)) for c in completions]
-    return RolloutGroup(group_id=prompt.group_id, prompt=prompt, samples=samples, policy_version=version,
-                        generator_id=generator_id, generation_started_at=started_at,
-                        generated_at=generated_at, lineage=lineage)
 
 
 class GeneratorLoop:

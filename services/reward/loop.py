@@ -20,37 +20,16 @@ from collections.abc import Sequence
 
 import redis
 
-from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
+from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.models import ModelLoadError
 from asyncrlhf.rewards import CompositeReward, Item, ScorerConfigError, ScoreResult, build_reward
+from asyncrlhf.rewards.groups import items_of, scored
 from asyncrlhf.rewards.openrlhf import QueryReader
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, SCORED, Consumer, Delivery, Producer, RunStreams
 from services.reward.http import ServingState, create_app
 from services.reward.metrics import RewardMetrics
-
-
-def items_of(group: RolloutGroup) -> list[Item]:
-    """The group's samples as scoring items (a missing EOS is any finish reason but `stop`)."""
-    return [
-        Item(group.prompt.prompt, s.text, s.finish_reason == FINISH_REASON_STOP, len(s.completion_token_ids),
-             group.prompt.reference or None)
-        for s in group.samples
-    ]
-
-
-def scored(group: RolloutGroup, result: ScoreResult, offset: int, scorer_id: str) -> RolloutGroup:
-    """A copy of `group` with its samples' rewards from `result[offset : offset + k]`."""
-    out = RolloutGroup()
-    out.CopyFrom(group)
-    for i, sample in enumerate(out.samples):
-        sample.reward = result.scores[offset + i]
-        sample.reward_components.clear()
-        sample.reward_components.update({k: v[offset + i] for k, v in result.components.items()})
-    out.scored_at = time.time()
-    out.scorer_id = scorer_id
-    return out
 
 
 class RewardLoop:

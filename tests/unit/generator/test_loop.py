@@ -3,7 +3,8 @@ import pytest
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup
 from asyncrlhf.models import build_tiny_tokenizer
 from asyncrlhf.sampling import Completion
-from services.generator.loop import prompt_token_ids, rollout_group
+from asyncrlhf.sampling.rollouts import rollout_group
+from services.generator.loop import prompt_token_ids
 
 pytestmark = pytest.mark.unit
 
