@@ -158,6 +158,8 @@ def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
                         snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
                     elif sample.name == names.LEARNER_QUEUE_DEPTH:
                         snap.values[f"queue:{sample.labels['stream']}"] = sample.value
+                    elif family.type == "histogram" and sample.name.endswith(("_sum", "_count")):
+                        own[sample.name] = own.get(sample.name, 0.0) + sample.value  # over its labels
     return snap
 
 

@@ -1,11 +1,17 @@
-"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--json]`: synchronous vs asynchronous
-RLHF.
+"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--runs inprocess,sync,async1,async2]
+[--backend hf --backend vllm] [--json] [overrides]`: the services, synchronous and asynchronous, beside one
+process doing the same work.
 
-Runs the same number of learner steps with `max_staleness` 0 (synchronous: generation waits for training
-and training for generation), 1 and 2, back to back through `asyncrlhf up`, then scores each run's
-checkpoints on the held-out prompts with the gold reward. Prints per run: wall-clock per step (between the
-first and last step, so start-up is excluded), generator idle fraction, learner waiting-for-data fraction,
-final gold reward; and the speedup of async over sync. Writes `gold_vs_wallclock.png` in the bench dir.
+Runs the same number of learner steps as: `inprocess` (the library's sampling, reward and training in one
+process on every core, no services: `asyncrlhf.bench.inprocess`), `sync` (`max_staleness` 0 through
+`asyncrlhf up`: generation waits for training and training for generation), `async1` and `async2`
+(`max_staleness` 1, 2), then scores each run's checkpoints on the held-out prompts with the gold reward. With
+several `--backend`s, every run is made with each generator backend (names get `-<backend>`). Prints per run:
+wall-clock per step (between the first and last step, so start-up is excluded), where a step's time goes
+(generation, scoring, training, publish = gather + push, apply, learner waiting, generator idle: seconds per
+step, from each service's own metrics), final gold reward; the speed of each service run against
+`inprocess`, and the async run's overlap limit max(generation, training). Dotted overrides apply to every
+run. Writes `gold_vs_wallclock.png` and `result.json` in the bench dir.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.config_cli import split_config_args
 
-STALENESS = (0, 1, 2)
+RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2}  # name -> max_staleness (None: no services)
+TARGET_SYNC_VS_INPROCESS = 1.1  # sync s/step <= 1.1x inprocess
+TARGET_ASYNC_SPEEDUP = 1.2  # async1 >= 1.2x faster than inprocess
 
 
 def _trained_rows(run_dir: Path) -> list[dict]:
@@ -29,30 +37,55 @@ def _trained_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r["kind"] == "trained"]
 
 
-def run_one(files: list[str], overrides: list[str], staleness: int, steps: int, root: Path) -> dict:
+def run_overrides(overrides: list[str], name: str, staleness: int, steps: int, root: Path) -> list[str]:
+    return [*overrides, f"learner.max_staleness={staleness}", f"learner.total_steps={steps}",
+            f"run.name=bench-{name}", f"run.dir={root / name}", "launch.evaluator=false",
+            f"learner.checkpoint_every={max(1, steps // 2)}", "learner.keep_checkpoints=10",
+            "redis.persist=false"]
+
+
+def run_one(files: list[str], overrides: list[str], name: str, steps: int, root: Path) -> dict:
+    from asyncrlhf.bench.inprocess import run_inprocess
     from asyncrlhf.launcher import Launcher
 
-    name = f"bench-async{staleness}" if staleness else "bench-sync"
-    run_overrides = [*overrides, f"learner.max_staleness={staleness}", f"learner.total_steps={steps}",
-                     f"run.name={name}", f"run.dir={root / name}", "launch.evaluator=false",
-                     f"learner.checkpoint_every={max(1, steps // 2)}", "learner.keep_checkpoints=10",
-                     "redis.persist=false"]
-    cfg = load_config(files, run_overrides)
-    if Launcher(cfg, files, run_overrides).run() != 0:
+    staleness = RUNS[name.split("-")[0]]
+    own = run_overrides(overrides, name, staleness or 0, steps, root)
+    if staleness is None:
+        return {**run_inprocess(files, own), "name": name}
+    cfg = load_config(files, own)
+    if Launcher(cfg, files, own).run() != 0:
         raise RuntimeError(f"the {name} run failed; see {cfg.run.path / 'logs'}")
     summary = json.loads((cfg.run.path / "up_summary.json").read_text())
     rows = _trained_rows(cfg.run.path)
     span = rows[-1]["at"] - rows[0]["at"]
-    learner = summary["final_metrics"].get("learner", {})
-    generators = [v for k, v in summary["final_metrics"].items() if k.startswith("generator")]
     elapsed = rows[-1]["at"] - summary["started_at"]
-    idle = sum(g.get(names.GENERATOR_IDLE_SECONDS_TOTAL, 0.0) for g in generators) / max(1, len(generators))
+    breakdown = service_breakdown(summary["final_metrics"], len(rows))
     return {
-        "name": name, "cfg": cfg, "s_per_step": span / max(1, len(rows) - 1),
-        "generator_idle_fraction": idle / elapsed,
-        "learner_wait_fraction": learner.get(names.LEARNER_WAIT_SECONDS_TOTAL, 0.0) / elapsed,
+        "name": name, "cfg": cfg, "s_per_step": span / max(1, len(rows) - 1), "breakdown": breakdown,
+        "generator_idle_fraction": breakdown["generator_idle"] * len(rows) / elapsed,
+        "learner_wait_fraction": breakdown["learner_wait"] * len(rows) / elapsed,
         "step_times": {r["version"]: r["at"] - summary["started_at"] for r in rows},
     }
+
+
+def service_breakdown(final: dict[str, dict[str, float]], steps: int) -> dict[str, float]:
+    """Seconds per trained step in each phase, from the services' own metrics at the end of the run (start-up
+    included: the first batches run before the first step). Generator figures are per generator (they work
+    side by side), reward figures summed over replicas' scoring."""
+    def total(prefix: str, metric: str) -> list[float]:
+        return [v.get(metric, 0.0) for k, v in final.items() if k.startswith(prefix)]
+
+    generators = max(1, len(total("generator", names.GENERATOR_BATCH_SECONDS + "_sum")))
+    per_step = {
+        "generation": sum(total("generator", names.GENERATOR_BATCH_SECONDS + "_sum")) / generators,
+        "scoring": sum(total("reward", names.REWARD_SCORING_SECONDS + "_sum")),
+        "training": sum(total("learner", names.LEARNER_STEP_SECONDS + "_sum")),
+        "publish": sum(total("learner", names.LEARNER_PUBLISH_SECONDS + "_sum")),
+        "apply": sum(total("generator", names.GENERATOR_WEIGHT_APPLY_SECONDS + "_sum")) / generators,
+        "learner_wait": sum(total("learner", names.LEARNER_WAIT_SECONDS_TOTAL)),
+        "generator_idle": sum(total("generator", names.GENERATOR_IDLE_SECONDS_TOTAL)) / generators,
+    }
+    return {phase: seconds / max(1, steps) for phase, seconds in per_step.items()}
 
 
 def evaluate(runs: list[dict]) -> None:
@@ -94,41 +127,84 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def summarise(runs: list[dict], steps: int, root: Path) -> dict:
+    by_name = {r["name"]: r for r in runs}
+    result: dict = {"steps": steps, "plot": str(root / "gold_vs_wallclock.png"), "runs": [
+        {"name": r["name"], "backend": r["cfg"].generator.backend, "s_per_step": r["s_per_step"],
+         "gold": r["gold"], "breakdown": r["breakdown"],
+         "generator_idle_fraction": r["generator_idle_fraction"],
+         "learner_wait_fraction": r["learner_wait_fraction"]} for r in runs]}
+    for r in runs:  # the flat keys of the first backend's runs (names without a suffix, or the first one's)
+        key = r["name"].split("-")[0]
+        if f"{key}_s_per_step" not in result:
+            result[f"{key}_s_per_step"], result[f"gold_{key}"] = r["s_per_step"], r["gold"]
+    for name, r in by_name.items():
+        base = by_name.get("inprocess" + name[len(name.split("-")[0]):])
+        if base is not None and r is not base:
+            result.setdefault("vs_inprocess", {})[name] = r["s_per_step"] / base["s_per_step"]
+        if name.startswith("async"):
+            b = r["breakdown"]
+            result.setdefault("overlap_limit_s_per_step", {})[name] = max(b["generation"], b["training"])
+    if "sync_s_per_step" in result:
+        for key in ("async1", "async2"):
+            if f"{key}_s_per_step" in result:
+                result[f"speedup_{key}"] = result["sync_s_per_step"] / result[f"{key}_s_per_step"]
+    if "inprocess_s_per_step" in result:
+        result["targets"] = {"sync_vs_inprocess_max": TARGET_SYNC_VS_INPROCESS,
+                             "async1_speedup_over_inprocess_min": TARGET_ASYNC_SPEEDUP}
+    return result
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrlhf bench pipeline")
     parser.add_argument("--config", action="append", required=True)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--runs", default=",".join(RUNS),
+                        help=f"comma-separated, from {', '.join(RUNS)} (default: all)")
+    parser.add_argument("--backend", action="append", choices=["hf", "vllm"],
+                        help="generator backend of every run (repeat: --backend hf --backend vllm)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default="runs/bench-pipeline")
     args, rest = parser.parse_known_args(argv)
     files, overrides = split_config_args([a for f in args.config for a in ("--config", f)] + rest)
+    names_ = [n.strip() for n in args.runs.split(",") if n.strip()]
+    unknown = [n for n in names_ if n not in RUNS]
+    if unknown or not names_:
+        parser.error(f"--runs: unknown run(s) {unknown}; choose from {', '.join(RUNS)}")
     root = Path(args.out)
-    runs = [run_one(files, overrides, s, args.steps, root) for s in STALENESS]
+    backends = args.backend or [None]
+    runs = [run_one(files, [*overrides, *([f"generator.backend={b}"] if b else [])],
+                    n if len(backends) == 1 else f"{n}-{b}", args.steps, root)
+            for b in backends for n in names_]
     evaluate(runs)
     plot(runs, root / "gold_vs_wallclock.png")
-    sync, async1, async2 = runs
-    result = {
-        "sync_s_per_step": sync["s_per_step"], "async1_s_per_step": async1["s_per_step"],
-        "async2_s_per_step": async2["s_per_step"],
-        "speedup_async1": sync["s_per_step"] / async1["s_per_step"],
-        "speedup_async2": sync["s_per_step"] / async2["s_per_step"],
-        "gold_sync": sync["gold"], "gold_async1": async1["gold"], "gold_async2": async2["gold"],
-        "generator_idle": {r["name"]: r["generator_idle_fraction"] for r in runs},
-        "learner_wait": {r["name"]: r["learner_wait_fraction"] for r in runs},
-        "steps": args.steps, "plot": str(root / "gold_vs_wallclock.png"),
-    }
+    result = summarise(runs, args.steps, root)
     (root / "result.json").write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{'run':<14}{'s/step':>9}{'gen idle':>10}{'learner wait':>14}{'final gold':>12}")
-    for r in runs:
-        print(f"{r['name']:<14}{r['s_per_step']:>9.2f}{r['generator_idle_fraction']:>10.2f}"
-              f"{r['learner_wait_fraction']:>14.2f}{r['gold']:>12.3f}")
-    print(f"speedup of async (max_staleness 1) over sync: {result['speedup_async1']:.2f}x; "
-          f"(max_staleness 2): {result['speedup_async2']:.2f}x")
-    print(f"plot: {result['plot']}")
+    print_table(result)
     return 0
+
+
+def print_table(result: dict) -> None:
+    phases = ("generation", "scoring", "training", "publish", "apply", "learner_wait", "generator_idle")
+    short = {"generation": "gen", "scoring": "score", "training": "train", "publish": "pub",
+             "learner_wait": "wait", "generator_idle": "idle"}
+    print(f"{'run':<16}{'s/step':>8}{'gold':>8}  " + "".join(f"{short.get(p, p):>7}" for p in phases)
+          + "   (seconds per step)")
+    for r in result["runs"]:
+        b = r["breakdown"]
+        print(f"{r['name']:<16}{r['s_per_step']:>8.2f}{r['gold']:>8.3f}  "
+              + "".join(f"{b[p]:>7.2f}" if p in b else f"{'-':>7}" for p in phases))
+    for name, ratio in result.get("vs_inprocess", {}).items():
+        print(f"{name}: {ratio:.2f}x the in-process s/step ({1 / ratio:.2f}x its speed)")
+    for name, limit in result.get("overlap_limit_s_per_step", {}).items():
+        print(f"{name}: overlap limit max(generation, training) = {limit:.2f} s/step")
+    for key in ("async1", "async2"):
+        if f"speedup_{key}" in result:
+            print(f"speedup of {key} over sync: {result[f'speedup_{key}']:.2f}x")
+    print(f"plot: {result['plot']}")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ class LearnerMetrics:
         self.step_to_serve = Gauge(names.LEARNER_STEP_TO_SERVE_SECONDS,
                                    "Last version: optimizer step done -> every live generator serving it.",
                                    registry=r)
+        self.publish_time = Histogram(names.LEARNER_PUBLISH_SECONDS,
+                                      "Time to publish a version: gather its weights and push them to "
+                                      "every live generator.", registry=r)
         self.in_flight = Gauge(names.LEARNER_IN_FLIGHT_GROUPS, "Prompt groups enqueued, not yet finished.",
                                registry=r)
         self.queue_depth = Gauge(names.LEARNER_QUEUE_DEPTH, "Entries waiting in each stream.", ["stream"],

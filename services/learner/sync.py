@@ -49,8 +49,11 @@ class WeightPublisher:
         started = time.perf_counter()
         self._weights = engine.full_state_dict(self.policy.module, lc.deepspeed.zero_stage, lc.lora.enabled)
         self.version = version
-        if self.rank == 0 and self._push([PushTarget(m.id, m.address) for m in self._live()]):
+        if self.rank != 0:
+            return
+        if self._push([PushTarget(m.id, m.address) for m in self._live()]):
             self.metrics.step_to_serve.set(time.perf_counter() - started)
+        self.metrics.publish_time.observe(time.perf_counter() - started)
 
     def sync_late_generators(self) -> None:
         """Push the current version to live generators behind it, retrying a failed one after two beats."""

@@ -1,0 +1,174 @@
+"""The in-process baseline of `asyncrlhf bench pipeline`: the same RLHF work with no services.
+
+One Python process, every core: sample the step's prompts with the library's backend (`generator.backend`,
+its own copy of the model, as a generator holds one), score them with the library's reward, train one step
+with the library's Trainer (DeepSpeed engine, same objective and settings), copy the new weights into the
+backend (`apply_weights`, as a push would end), and checkpoint on the run's schedule in the run's layout,
+so the bench scores its checkpoints with the same gold evaluation as the service runs. Synchronous and
+on-policy by construction: what the services must beat. Prompts come in the learner feed's order (a
+permutation seeded by `run.seed + epoch`), `groups_per_step` a step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf.config import Config, load_config
+from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.models import encode_prompts, load_tokenizer, set_threads
+from asyncrlhf.rewards import build_reward
+from asyncrlhf.rewards.groups import items_of, scored
+from asyncrlhf.sampling import create_backend
+from asyncrlhf.sampling.rollouts import rollout_group
+from asyncrlhf.tasks import fit_prompts, load_task, plain_text
+from asyncrlhf.training import checkpoint, engine
+from asyncrlhf.training.batch import TrainGroup
+from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.policies import build_models
+from asyncrlhf.training.trainer import Trainer
+
+PHASES = ("generation", "scoring", "training", "push", "apply")
+RESULT = "inprocess.json"
+
+
+class InProcess:
+    """Generate -> score -> train -> apply, step after step, in this process."""
+
+    def __init__(self, cfg: Config):
+        threads = os.cpu_count() or 1
+        learner = cfg.learner.model_copy(update={"threads": threads})
+        generator = cfg.generator.model_copy(update={"threads": threads})
+        cfg = cfg.model_copy(update={"learner": learner, "generator": generator})
+        set_threads(threads)
+        engine.init_distributed()
+        self.cfg = cfg = cfg.model_copy(update={"learner": engine.effective_learner(cfg.learner)})
+        torch.manual_seed(cfg.run.seed)
+        self.tokenizer = load_tokenizer(cfg.model)
+        objective = make_objective(cfg)
+        models = build_models(cfg, objective)
+        self.policy, self.value = models.policy, models.value
+        self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=objective,
+                               pad_id=self.tokenizer.pad_token_id)
+        self.backend = create_backend(cfg, self.tokenizer)
+        self.reward = build_reward(cfg.reward)
+        task = load_task(cfg.task)
+        whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})
+        task, self.prompt_ids = fit_prompts(task, encode_prompts(self.tokenizer, task.train, whole),
+                                            cfg.model.max_prompt_tokens, cfg.task)
+        self.texts = [plain_text(p) for p in task.train]
+        self.references = list(task.train_references) or [None] * len(self.texts)
+        self.state = checkpoint.LearnerState()
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._cursor = 0
+        self._orders: dict[int, list[int]] = {}
+        self._apply(self.state.version)
+
+    def _prompt(self, cursor: int) -> PromptGroup:
+        """The cursor-th prompt group, in the learner feed's order."""
+        epoch, offset = divmod(cursor, len(self.texts))
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.cfg.run.seed + epoch)
+            self._orders = {epoch: torch.randperm(len(self.texts), generator=generator).tolist()}
+        index = self._orders[epoch][offset]
+        return PromptGroup(group_id=f"g{cursor:08d}", prompt=self.texts[index],
+                           prompt_token_ids=self.prompt_ids[index], k=self.cfg.generator.samples_per_prompt,
+                           enqueued_at=time.time(), learner_version=self.state.version, dataset_index=index,
+                           epoch=epoch, reference=self.references[index] or "")
+
+    def _apply(self, version: int) -> None:
+        """The policy's weights of `version` into the backend (what a push then its swap do)."""
+        lc = self.cfg.learner
+        started = time.perf_counter()
+        weights = engine.full_state_dict(self.policy.module, lc.deepspeed.zero_stage, lc.lora.enabled)
+        gathered = time.perf_counter()
+        self.backend.apply_weights(weights, version)
+        self.seconds["push"] += gathered - started
+        self.seconds["apply"] += time.perf_counter() - gathered
+
+    def step(self) -> dict[str, float]:
+        g, lc = self.cfg.generator, self.cfg.learner
+        prompts = [self._prompt(self._cursor + i) for i in range(lc.groups_per_step)]
+        self._cursor += len(prompts)
+        started = time.perf_counter()
+        completions = self.backend.generate([list(p.prompt_token_ids) for p in prompts],
+                                            g.samples_per_prompt, g.sampling)
+        generated = time.perf_counter()
+        groups = [rollout_group(p, c, self.state.version, "inprocess", time.time(), time.time(),
+                                self.tokenizer.decode, self.state.lineage)
+                  for p, c in zip(prompts, completions, strict=True)]
+        result = self.reward.score([item for group in groups for item in items_of(group)])
+        k = g.samples_per_prompt
+        groups = [scored(group, result, i * k, "inprocess") for i, group in enumerate(groups)]
+        scored_at = time.perf_counter()
+        stats = self.trainer.train_step([TrainGroup(group) for group in groups],
+                                        step_seed=self.cfg.run.seed + self.state.version)
+        self.state.version += 1
+        trained = time.perf_counter()
+        self.seconds["generation"] += generated - started
+        self.seconds["scoring"] += scored_at - generated
+        self.seconds["training"] += trained - scored_at
+        if self.state.steps % lc.sync_every == 0:
+            self._apply(self.state.version)
+        if self.state.steps % lc.checkpoint_every == 0 or self.state.steps == lc.total_steps:
+            self.state.cursor = self.state.finished = self._cursor
+            checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, None, rank=0)
+        return stats
+
+    def run(self) -> dict:
+        """Train `learner.total_steps` steps; the run's timing as the pipeline bench reports it."""
+        started = time.time()
+        self.seconds.clear()  # start-up (model loads, the first copy of weights) is not a step
+        step_at: dict[int, float] = {}
+        while self.state.steps < self.cfg.learner.total_steps:
+            self.step()
+            step_at[self.state.version] = time.time()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+        times = sorted(step_at.values())
+        steps = len(times)
+        return {
+            "name": "inprocess", "cfg": self.cfg,
+            "s_per_step": (times[-1] - times[0]) / max(1, steps - 1),
+            "step_times": {version: at - started for version, at in step_at.items()},
+            "breakdown": {phase: self.seconds[phase] / steps for phase in PHASES},
+            "generator_idle_fraction": 0.0, "learner_wait_fraction": 0.0,
+        }
+
+
+def run_inprocess(files: Sequence[str], overrides: Sequence[str]) -> dict:
+    """The baseline in a child process (its own threads, memory and DeepSpeed process group, as every
+    service run has): `python -m asyncrlhf.bench.inprocess`, which writes `inprocess.json` in the run dir."""
+    cfg = load_config(files, overrides)
+    argv = [sys.executable, "-m", __name__, *(a for f in files for a in ("--config", f)), *overrides]
+    cfg.run.path.mkdir(parents=True, exist_ok=True)
+    log = cfg.run.path / "inprocess.log"
+    with log.open("w") as out:
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"the in-process run failed ({code}); see {log}")
+    return {**json.loads((cfg.run.path / RESULT).read_text()), "cfg": cfg}
+
+
+def main(argv: Sequence[str]) -> int:
+    files, overrides = split_config_args(list(argv))
+    cfg = load_config(files, overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    result = InProcess(cfg).run()
+    result.pop("cfg")
+    (cfg.run.path / RESULT).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

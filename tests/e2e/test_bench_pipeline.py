@@ -1,0 +1,76 @@
+"""`asyncrlhf bench pipeline --json`, the real entry point on the tiny model: the in-process baseline and a
+synchronous service run train the same number of steps, are scored with the gold reward, and each reports
+where its step time went."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrlhf.bench.pipeline import service_breakdown, summarise
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+PHASES = {"generation", "scoring", "training", "publish", "apply", "learner_wait", "generator_idle"}
+
+
+def test_inprocess_beside_sync_on_the_tiny_model(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "pipeline", "--config", "configs/tiny.yaml",
+           "--steps", "3", "--runs", "inprocess,sync", "--json", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    runs = {r["name"]: r for r in result["runs"]}
+    assert set(runs) == {"inprocess", "sync"}
+    inprocess, sync = runs["inprocess"], runs["sync"]
+    # the baseline trained every step in one process and checkpointed in the run layout (gold scored it)
+    assert {"generation", "scoring", "training", "push", "apply"} <= set(inprocess["breakdown"])
+    assert inprocess["breakdown"]["generation"] > 0 and inprocess["breakdown"]["training"] > 0
+    assert set(sync["breakdown"]) == PHASES
+    assert sync["breakdown"]["generation"] > 0 and sync["breakdown"]["training"] > 0
+    assert sync["breakdown"]["publish"] > 0  # every version was pushed to the generator
+    for r in runs.values():
+        assert r["s_per_step"] > 0 and isinstance(r["gold"], float)
+    assert result["vs_inprocess"]["sync"] == pytest.approx(sync["s_per_step"] / inprocess["s_per_step"])
+    assert (tmp_path / "inprocess" / "checkpoints").is_dir()
+    assert (tmp_path / "gold_vs_wallclock.png").stat().st_size > 0
+
+
+def test_service_breakdown_is_per_step_and_per_generator():
+    final = {
+        "learner": {"asyncrlhf_learner_step_seconds_sum": 6.0, "asyncrlhf_learner_publish_seconds_sum": 1.5,
+                    "asyncrlhf_learner_wait_seconds_total": 3.0},
+        "generator-0": {"asyncrlhf_generator_batch_seconds_sum": 8.0,
+                        "asyncrlhf_generator_weight_apply_seconds_sum": 0.6,
+                        "asyncrlhf_generator_idle_seconds_total": 2.0},
+        "generator-1": {"asyncrlhf_generator_batch_seconds_sum": 4.0,
+                        "asyncrlhf_generator_weight_apply_seconds_sum": 0.2,
+                        "asyncrlhf_generator_idle_seconds_total": 4.0},
+        "reward-0": {"asyncrlhf_reward_scoring_seconds_sum": 0.9},
+    }
+    b = service_breakdown(final, steps=3)
+    assert b == pytest.approx({"generation": 2.0, "scoring": 0.3, "training": 2.0, "publish": 0.5,
+                               "apply": 0.4 / 3, "learner_wait": 1.0, "generator_idle": 1.0})
+
+
+def test_summary_compares_each_backend_with_its_own_baseline(tmp_path):
+    class Cfg:
+        def __init__(self, backend):
+            self.generator = type("G", (), {"backend": backend})()
+
+    def run(name, backend, s, gen=1.0, train=2.0):
+        return {"name": name, "cfg": Cfg(backend), "s_per_step": s, "gold": 0.1,
+                "breakdown": {"generation": gen, "training": train}, "generator_idle_fraction": 0.0,
+                "learner_wait_fraction": 0.0}
+
+    runs = [run("inprocess-hf", "hf", 10.0), run("async1-hf", "hf", 8.0),
+            run("inprocess-vllm", "vllm", 5.0), run("async1-vllm", "vllm", 4.5, gen=3.0)]
+    result = summarise(runs, 4, tmp_path)
+    assert result["vs_inprocess"] == {"async1-hf": 0.8, "async1-vllm": 0.9}
+    assert result["overlap_limit_s_per_step"] == {"async1-hf": 2.0, "async1-vllm": 3.0}
+    assert result["inprocess_s_per_step"] == 10.0 and result["async1_s_per_step"] == 8.0  # the first backend
