@@ -249,7 +249,10 @@ def test_overlay_renders_and_every_resource_validates(rendered, target):
         "NetworkPolicy",
     } <= kinds
     for doc in docs:
-        assert doc["metadata"].get("namespace", "asyncrlhf") == "asyncrlhf" or doc["kind"] == "Namespace"
+        if doc["kind"] != "Namespace":  # components' resources too: none may land in the default namespace
+            assert doc["metadata"].get("namespace") == "asyncrlhf", (
+                f"{target}: {doc['kind']} {doc['metadata']['name']} has no namespace: set `namespace:` in "
+                f"the overlay's kustomization.yaml")
         validate(doc, f"kustomize {target}")
 
 
