@@ -19,7 +19,7 @@ from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manif
 
 pytestmark = pytest.mark.unit
 KUBERNETES_VERSION = "1.30"  # the oldest release these manifests target (autoscaling/v2, sizeLimit, ...)
-TARGETS = [".", "overlays/gpu", "overlays/cpu"]
+TARGETS = [".", "overlays/gpu", "overlays/cpu", "overlays/gpu-multinode"]
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize renders the overlays)"
 )
