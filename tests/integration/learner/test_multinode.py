@@ -36,7 +36,7 @@ def args(tmp_path, redis_url, name):
 def train(tmp_path, redis_url, name, launches, while_held=None):
     """Run the learner as the given torchrun launches against a stand-in generator + reward; the weights
     of its final checkpoint and the groups it trained. `while_held(procs)` runs before the stand-in serves
-    any group, so the learner is up and waiting for its first batch."""
+    any group: until it returns, the learner cannot take a step."""
     overrides = args(tmp_path, redis_url, name)
     cfg = load_config(["configs/tiny.yaml"], overrides)
     actor = Actor(cfg, redis_url)  # registered and receiving pushes; no groups until started
