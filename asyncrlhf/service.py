@@ -93,7 +93,8 @@ def _basic_password(authorization: str | None) -> str | None:
 
 
 class HttpServer:
-    """uvicorn in a daemon thread on `host:port` (port 0: a free one, read back from `.port`)."""
+    """uvicorn in a daemon thread on `host:port` (port 0: a free one, read back from `.port`). The socket
+    listens from construction, so a request sent as soon as `.url` is known waits for uvicorn to accept it."""
 
     def __init__(self, app, host: str, port: int):
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -104,6 +105,7 @@ class HttpServer:
             raise ServiceError(
                 f"cannot listen on {host}:{port}: {err}; pick another port or 0 for a free one"
             ) from err
+        self.sock.listen(socket.SOMAXCONN)  # connections queue from now on: the URL answers once logged
         self.host, self.port = host, self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)

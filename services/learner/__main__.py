@@ -1,7 +1,9 @@
 """`asyncrlhf learner --config X [overrides]` / `python -m services.learner --config X`.
 
 Several processes: `torchrun --nproc_per_node 3 -m services.learner --config X` (or the `deepspeed`
-launcher); rank 0 does the I/O. `--no-resume` starts fresh even when the run has a checkpoint.
+launcher); rank 0 does the I/O. Several nodes: `torchrun --nnodes N --node_rank R --master_addr <node 0>
+...` on each (deploy/k8s/components/multinode-learner); the first process of every other node answers
+health probes. `--no-resume` starts fresh even when the run has a checkpoint.
 """
 
 import sys

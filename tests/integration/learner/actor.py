@@ -73,6 +73,7 @@ class Actor:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join(timeout=5)
+        if self.thread.is_alive():  # also closes an actor that was never started
+            self.thread.join(timeout=5)
         self.heartbeat.stop()
         self.server.stop(0)

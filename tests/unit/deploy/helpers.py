@@ -107,10 +107,11 @@ def render_kustomize(target: str, tmp_path: Path) -> list[dict]:
 
 
 def manifest_files() -> list[Path]:
-    """Every complete manifest under deploy/k8s: base resources and components (not the kustomization
-    files, not base/container.yaml, which is asyncrlhf config, not the overlays' partial patches)."""
-    paths = sorted((K8S / "base").glob("*.yaml")) + sorted((K8S / "components").glob("*/*.yaml"))
-    return [p for p in paths if p.name not in ("kustomization.yaml", "container.yaml")]
+    """Every complete manifest under deploy/k8s: the resources that base and each component list (not
+    base/container.yaml, which is asyncrlhf config, not the partial patches of overlays and components)."""
+    kustomizations = [K8S / "base" / "kustomization.yaml"]
+    kustomizations += sorted(K8S.glob("components/*/kustomization.yaml"))
+    return [k.parent / r for k in kustomizations for r in yaml.safe_load(k.read_text()).get("resources", [])]
 
 
 # -- PromQL -----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manif
 
 pytestmark = pytest.mark.unit
 KUBERNETES_VERSION = "1.30"  # the oldest release these manifests target (autoscaling/v2, sizeLimit, ...)
-TARGETS = [".", "overlays/gpu", "overlays/cpu"]
+TARGETS = [".", "overlays/gpu", "overlays/cpu", "overlays/gpu-multinode"]
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize renders the overlays)"
 )
@@ -249,7 +249,10 @@ def test_overlay_renders_and_every_resource_validates(rendered, target):
         "NetworkPolicy",
     } <= kinds
     for doc in docs:
-        assert doc["metadata"].get("namespace", "asyncrlhf") == "asyncrlhf" or doc["kind"] == "Namespace"
+        if doc["kind"] != "Namespace":  # components' resources too: none may land in the default namespace
+            assert doc["metadata"].get("namespace") == "asyncrlhf", (
+                f"{target}: {doc['kind']} {doc['metadata']['name']} has no namespace: set `namespace:` in "
+                f"the overlay's kustomization.yaml")
         validate(doc, f"kustomize {target}")
 
 
