@@ -81,6 +81,11 @@ class VLLMConfig(Section):
     max_model_len: int | None = Field(None, description="Max sequence length (None: the model's).")
     cache_root: str | None = Field(
         None, description="VLLM_CACHE_ROOT (None: `<model.cache_dir>/vllm`, never the home directory).")
+    cpu_threads_bind: str = Field(
+        "nobind", description="CPU: vLLM's VLLM_CPU_OMP_THREADS_BIND. `nobind` (default): the worker runs "
+        "`generator.threads` threads (0: every core) where the OS schedules them. vLLM's own `auto` pins the "
+        "worker to all cores but one, reserved for its scheduler: half the machine on 2 cores. A core list "
+        "(`0-3`) pins to those cores.")
 
 
 class GeneratorConfig(Section):

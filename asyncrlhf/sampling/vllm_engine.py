@@ -2,9 +2,11 @@
 
 - `engine_settings`: `vllm.LLM` keyword arguments and environment from `generator.vllm`. On CPU (vLLM's CPU
   build, `make vllm`) the KV cache is sized in GiB by `VLLM_CPU_KVCACHE_SPACE` (vLLM would read
-  `gpu_memory_utilization` as a share of host RAM) and the engine runs eager (compiling takes minutes on a
-  few cores); on GPU the memory fraction applies. `dtype` follows the learner's (`model.dtype`); another is
-  a warning, never a silent downcast. `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
+  `gpu_memory_utilization` as a share of host RAM), the engine runs eager (compiling takes minutes on a
+  few cores), and its worker runs `generator.threads` threads unpinned (vLLM's default binding reserves a
+  core for its scheduler: on 2 cores the worker would get one); on GPU the memory fraction applies.
+  `dtype` follows the learner's (`model.dtype`); another is a warning, never a silent downcast.
+  `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
 - `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls
   `asyncrlhf_reload_weights(path)` with the path of a safetensors file of HF-named tensors, which the worker
   reads and hands to vLLM's own in-place `reload_weights` (it maps HF names onto vLLM's fused layers).
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -71,6 +74,9 @@ def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[
         kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(v.kv_cache_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
+        if v.cpu_threads_bind == "nobind":  # the worker's torch threads follow OMP_NUM_THREADS
+            env["OMP_NUM_THREADS"] = str(cfg.generator.threads or os.cpu_count() or 1)
     if lora.enabled:
         kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
     return kwargs, env

@@ -2,6 +2,7 @@
 engine itself: tests/integration/vllm (marker `vllm`)."""
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -51,8 +52,20 @@ def test_cpu_engine_runs_eager_in_the_learners_dtype_with_a_kv_cache_in_gib(tmp_
     kwargs, env = engine_settings(cfg, tmp_path / "model")
     assert kwargs["enforce_eager"] is True and kwargs["dtype"] == "float32"
     assert "gpu_memory_utilization" not in kwargs  # vLLM's CPU build would take it as a share of host RAM
-    assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CACHE_ROOT": str(tmp_path / "vllm")}
+    # vLLM's own binding would reserve one core of two for its scheduler: unpinned, generator.threads threads
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
+                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(os.cpu_count())}
     assert kwargs["logprobs_mode"] == "processed_logprobs" and "enable_lora" not in kwargs
+
+
+@pytest.mark.unit
+def test_cpu_engine_threads_follow_the_generator_or_a_binding_the_user_names(tmp_path):
+    cfg = load_config(["configs/tiny.yaml"], [*VLLM, "generator.device=cpu", "generator.threads=3"])
+    assert engine_settings(cfg, tmp_path)[1]["OMP_NUM_THREADS"] == "3"
+    cfg = load_config(["configs/tiny.yaml"], [*VLLM, "generator.device=cpu",
+                                              "generator.vllm.cpu_threads_bind=0-3"])
+    env = engine_settings(cfg, tmp_path)[1]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-3" and "OMP_NUM_THREADS" not in env
 
 
 @pytest.mark.unit
