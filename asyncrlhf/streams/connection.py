@@ -1,10 +1,11 @@
 """The Redis client every service uses: reconnects with back-off while Redis restarts or fails over, never
 retries a refused password, and returns bytes (payloads are binary).
 
-With `redis.sentinel` the client asks the sentinels for the primary on every new connection (redis-py's
-`SentinelConnectionPool`): a connection lost in a failover is retried through the pool, which asks again, so
-no service keeps dialing a dead address; a primary that was demoted answers writes with READONLY, which the
-pool also turns into a reconnect. `ReplicaWait` is the learner's WAIT after its critical writes.
+With `redis.sentinel` the client asks the sentinels for the primary on every (re)connection (redis-py's
+`SentinelConnectionPool`, with `_FollowPrimary` connections): a connection lost in a failover is retried, and
+each retry asks again, so no service keeps dialing a dead address; a primary that was demoted answers writes
+with READONLY, which the pool also turns into a reconnect. `ReplicaWait` is the learner's WAIT after its
+critical writes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from asyncrlhf.config import RedisConfig
 
@@ -61,6 +62,19 @@ def connect(cfg: RedisConfig, url: str | None = None, *, retries: int = -1) -> r
     return redis.Redis.from_url(url, **kwargs)
 
 
+class _FollowPrimary(SentinelManagedConnection):
+    """A connection to the sentinels' primary that asks them for it at every reconnection. redis-py (8.1)
+    re-opens a dropped connection through `connect_check_health`, which dials the address the connection
+    had, so a client blocked in XREADGROUP when the primary died would retry the dead address for ever
+    (redis/redis-py#3874); here each attempt asks the sentinels first and dials once, and the command's own
+    retry (back-off, `redis.reconnect_max_s`) repeats the lookup until a primary answers."""
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if self._sock is None and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health=check_health, retry_socket_connect=False)
+
+
 def _via_sentinels(cfg: RedisConfig, kwargs: dict) -> redis.Redis:
     """The primary of `cfg.sentinel.master`, found through the sentinels at each (re)connection. A sentinel
     query does not retry: a dead sentinel is skipped at once and the next one asked; the connection's own
@@ -69,7 +83,8 @@ def _via_sentinels(cfg: RedisConfig, kwargs: dict) -> redis.Redis:
     sentinel_kwargs = {"password": sc.password, "socket_timeout": SENTINEL_TIMEOUT_S,
                        "socket_connect_timeout": SENTINEL_TIMEOUT_S, "retry": Retry(NoBackoff(), 0)}
     sentinels = Sentinel(sc.hosts, sentinel_kwargs=sentinel_kwargs)
-    return sentinels.master_for(sc.master, password=cfg.password, db=sc.db, **kwargs)
+    return sentinels.master_for(sc.master, password=cfg.password, db=sc.db, connection_class=_FollowPrimary,
+                                **kwargs)
 
 
 class ReplicaWait:

@@ -106,16 +106,17 @@ class Schedule:
         return str(self.client.info("server").get("run_id", ""))
 
     def _after_redis_restart(self, version: int, holding: StepBatch) -> None:
-        """A Redis that restarted may have come back without its last writes (`appendfsync everysec`, or no
-        AOF): recover as at a start, the groups of the step being collected counted as present."""
+        """A Redis that restarted, or a replica promoted by a failover, may lack the last writes
+        (`appendfsync everysec`, no AOF, asynchronous replication): recover as at a start, the groups of the
+        step being collected counted as present."""
         if time.monotonic() - self._redis_checked < REDIS_CHECK_S:
             return
         self._redis_checked = time.monotonic()
         run_id = self._redis_identity()
         if run_id == self._redis_run_id:
             return
-        log.warning("Redis restarted (run id %s -> %s): checking the streams against the consumed log",
-                    self._redis_run_id[:8], run_id[:8])
+        log.warning("Redis restarted or failed over (run id %s -> %s): checking the streams against the "
+                    "consumed log", self._redis_run_id[:8], run_id[:8])
         self._redis_run_id = run_id
         recover(self, self.feed.known_cursor, version, {d.identity for d in holding.deliveries})
 
