@@ -32,7 +32,12 @@ def launch(tmp_path):
     """`asyncrlhf up` in its own session; SIGTERMed if the test leaves it running (it then stops its services,
     which a SIGKILL of `up` alone would leave behind)."""
     procs = []
-    yield lambda *overrides: procs.append(up(tmp_path, *overrides, start_new_session=True)) or procs[-1]
+
+    def start(*overrides):
+        procs.append(up(tmp_path, *overrides, start_new_session=True))
+        return procs[-1]
+
+    yield start
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -56,9 +61,9 @@ def test_a_run_rides_out_the_primarys_sigkill_through_a_sentinel_failover(tmp_pa
         os.kill(pid, signal.SIGSTOP)
     old = sentinel_cluster.kill_primary()
     sentinel_cluster.wait_for_failover(old)
+    assert trained_steps(run) < STEPS  # steps are left to train on the promoted replica
     for pid in reward:
         os.kill(pid, signal.SIGCONT)
-    assert trained_steps(run) < STEPS
     code, out = finish(proc, timeout=300)
     assert code == 0, out[-4000:]
     assert "Redis sentinels 127.0.0.1:" in out and "redis://" not in out
