@@ -27,9 +27,10 @@ enqueued beyond its last step (a resumed run trains them). Either way there may 
 `(max_staleness + 1) * groups_per_step`; more is a failure. The exit code is 0 when nothing failed, 1
 otherwise, 2 for a usage or config error.
 
-Where Redis is: `redis.url` from the config or an override; else (the embedded Redis of `asyncrlhf up`,
-stopped at the end of the run) a throw-away copy of `<run dir>/redis`, the append-only file, is loaded into
-an embedded server, so the audit never writes to the run's own files and works while the run is live.
+Where Redis is: `redis.url` or `redis.sentinel` (the primary the sentinels name) from the config or an
+override; else (the embedded Redis of `asyncrlhf up`, stopped at the end of the run) a throw-away copy of
+`<run dir>/redis`, the append-only file, is loaded into an embedded server, so the audit never writes to the
+run's own files and works while the run is live.
 """
 
 from __future__ import annotations
@@ -249,10 +250,11 @@ def audit_run(cfg: Config, client) -> Audit:
 
 
 def connect_for_audit(cfg: Config, stack: ExitStack):
-    """A client to the run's Redis: `redis.url`, else an embedded server on a copy of the run's AOF."""
+    """A client to the run's Redis: `redis.url` or the sentinels' primary, else an embedded server on a copy
+    of the run's AOF."""
     from asyncrlhf.redis_server import EmbeddedRedis
 
-    if cfg.redis.url:
+    if cfg.redis.external:
         return connect(cfg.redis, retries=2)
     aof = cfg.run.path / "redis"
     if not aof.is_dir():

@@ -1,5 +1,6 @@
-"""`asyncrlhf up CONFIG [overrides]`: an embedded Redis (unless `redis.url` is set) and every service as a
-local process, with live progress, per-service logs, supervision and a clean stop.
+"""`asyncrlhf up CONFIG [overrides]`: an embedded Redis (unless the config names one: `redis.url`, or
+`redis.sentinel.addresses` for a sentinel-managed primary) and every service as a local process, with live
+progress, per-service logs, supervision and a clean stop.
 
 Processes and supervision only: each service is its own entry point (`python -m services.<name>`), told
 its Redis URL, HTTP port and CPU threads by overrides. The learner decides when the run is done; the
@@ -92,8 +93,9 @@ def _cpu_threads(cfg: Config, kind: str) -> int:
     return max(1, (os.cpu_count() or 2) // heavy) if kind in ("generator", "learner") else 1
 
 
-def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str) -> list[Service]:
-    """The processes of a run, in start order: reward and generators first, the learner, the evaluator."""
+def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str | None) -> list[Service]:
+    """The processes of a run, in start order: reward and generators first, the learner, the evaluator.
+    `redis_url`: the embedded Redis's, passed to each; None when the config names the server itself."""
     kinds = [("reward", cfg.reward.replicas), ("generator", cfg.generator.replicas), ("learner", 1)]
     if cfg.launch.evaluator:
         kinds.append(("evaluator", 1))
@@ -108,7 +110,8 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
             if kind in cfg.launch.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
             config_args = [a for f in files for a in ("--config", f)]
-            args = [*config_args, *overrides, f"redis.url={redis_url}", f"{kind}.http_port={port}"]
+            server = [f"redis.url={redis_url}"] if redis_url else []
+            args = [*config_args, *overrides, *server, f"{kind}.http_port={port}"]
             if kind in ("generator", "learner", "evaluator"):
                 args.append(f"{kind}.threads={threads}")
             module = ["-m", f"services.{kind}"]
@@ -188,7 +191,7 @@ class Launcher:
         self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
         print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), "
-              f"Redis {url}", flush=True)
+              f"Redis {url or self.cfg.redis.where}", flush=True)
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
@@ -210,9 +213,11 @@ class Launcher:
 
         return latest_version(self.cfg)
 
-    def _redis_url(self) -> str:
-        if self.cfg.redis.url:
-            return self.cfg.redis.url
+    def _redis_url(self) -> str | None:
+        """The embedded Redis's URL, started here; None when the config names a server (`redis.url`, or
+        sentinels: every service then finds the primary through them, and follows a failover)."""
+        if self.cfg.redis.external:
+            return None
         data_dir = self.cfg.run.path / "redis" if self.cfg.redis.persist else None
         self.redis = EmbeddedRedis(data_dir=data_dir, appendfsync=self.cfg.redis.appendfsync).start()
         return self.redis.url

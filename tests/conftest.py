@@ -3,7 +3,8 @@
 Redis: `redis_server` (session) is one embedded `redis-server` on a free loopback port; `redis_url` is its
 URL; `redis_client` (function) is a bytes client to it, and `run_name` a fresh run name, so tests isolate
 by key prefix (`asyncrlhf:<run_name>:...`) and never see each other's streams. Tests that restart or kill
-Redis start their own `EmbeddedRedis` instead.
+Redis start their own `EmbeddedRedis` instead, or take `sentinel_cluster` (a primary, a replica and three
+sentinels, for failovers).
 """
 
 from __future__ import annotations
@@ -59,3 +60,16 @@ def redis_client(redis_url, run_name):
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+def sentinel_cluster(tmp_path_factory) -> Iterator[SentinelCluster]:  # noqa: F821
+    """A primary, a replica and three sentinels (`tests.sentinels`), fresh for each test (tests kill the
+    primary), stopped afterwards."""
+    from tests.sentinels import SentinelCluster
+
+    cluster = SentinelCluster(tmp_path_factory.mktemp("sentinels"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

@@ -48,7 +48,14 @@ from asyncrlhf.config.reward import (
     RuleScorerConfig,
     ScorerConfig,
 )
-from asyncrlhf.config.run import LaunchConfig, MetricsConfig, RedisConfig, RunConfig, TaskConfig
+from asyncrlhf.config.run import (
+    LaunchConfig,
+    MetricsConfig,
+    RedisConfig,
+    RunConfig,
+    SentinelConfig,
+    TaskConfig,
+)
 from asyncrlhf.config.stages import RelabelConfig, RewardModelTrainingConfig, SFTConfig
 from asyncrlhf.config.tree import Config
 
@@ -84,6 +91,7 @@ __all__ = [
     "SamplingConfig",
     "ScorerConfig",
     "Section",
+    "SentinelConfig",
     "TaskConfig",
     "Tagged",
     "TinyModelConfig",

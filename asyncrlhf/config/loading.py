@@ -99,5 +99,7 @@ def _explain(err: ValidationError) -> str:
     for e in err.errors():
         path, field = key_path(e["loc"], Config)
         what = f": {field.description}" if e["type"] == "missing" and field and field.description else ""
-        lines.append(f"`{path}`: {e['msg']}{what} (got {e.get('input')!r})")
+        # A whole section as the input says nothing the message does not, and may hold a password.
+        got = "" if isinstance(e.get("input"), dict) else f" (got {e.get('input')!r})"
+        lines.append(f"`{path}`: {e['msg']}{what}{got}")
     return "invalid config: " + "; ".join(lines)

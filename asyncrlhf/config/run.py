@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from asyncrlhf.config.base import Section
 
@@ -67,12 +68,57 @@ class RunConfig(Section):
         return Path(self.dir.format(name=self.name))
 
 
+class SentinelConfig(Section):
+    """Redis high availability: the sentinels that monitor a primary and its replicas. Services ask them for
+    the primary and ask again after a failover; the learner follows each critical write with
+    `WAIT wait_replicas wait_timeout_ms`, so an acknowledged write is on a replica before it goes on
+    (docs/guarantees.md, "Redis durability")."""
+
+    addresses: list[str] = Field(
+        default_factory=list,
+        description="The sentinels as host:port, e.g. [sentinel-0:26379, sentinel-1:26379, sentinel-2:26379] "
+        "(several: any one that answers is enough). Empty: no sentinels, `redis.url` is used.",
+    )
+    master: str = Field("mymaster", description="The name the sentinels monitor the primary under.")
+    password: str | None = Field(None, description="The sentinels' own password (their requirepass), if any.")
+    db: int = Field(0, ge=0, description="The database number on the primary.")
+    wait_replicas: int = Field(
+        1, ge=0, description="Replicas that must hold the learner's critical writes before it goes on "
+        "(Redis WAIT); 0: do not wait.",
+    )
+    wait_timeout_ms: int = Field(
+        1_000, ge=1, description="How long one WAIT may take; fewer replicas by then: a warning in the log.",
+    )
+
+    @field_validator("addresses")
+    @classmethod
+    def _host_port(cls, addresses: list[str]) -> list[str]:
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"sentinel address {address!r} is not host:port: write e.g. "
+                    "redis.sentinel.addresses=[sentinel-0:26379,sentinel-1:26379]"
+                )
+        return addresses
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.addresses)
+
+    @property
+    def hosts(self) -> list[tuple[str, int]]:
+        """(host, port) of each sentinel."""
+        return [(a.rpartition(":")[0].strip("[]"), int(a.rpartition(":")[2])) for a in self.addresses]
+
+
 class RedisConfig(Section):
     url: str | None = Field(
         None,
-        description="redis:// or rediss:// URL (password allowed). Unset: `asyncrlhf up` starts an embedded "
-        "Redis.",
+        description="redis:// or rediss:// URL (password allowed). Unset (and no redis.sentinel): `asyncrlhf "
+        "up` starts an embedded Redis.",
     )
+    sentinel: SentinelConfig = SentinelConfig()
     password: str | None = Field(None, description="Password, if not in the URL.")
     tls_ca_certs: str | None = Field(None, description="CA bundle for rediss:// connections.")
     persist: bool = Field(True, description="Embedded Redis: append-only file in the run directory.")
@@ -95,6 +141,30 @@ class RedisConfig(Section):
         100_000, ge=100, description="Approximate cap on each stream's length (XADD MAXLEN ~)."
     )
     reconnect_max_s: float = Field(30.0, gt=0, description="Longest back-off between reconnection attempts.")
+
+    @model_validator(mode="after")
+    def _one_way_to_the_server(self) -> RedisConfig:
+        if self.sentinel.enabled and self.url:
+            raise ValueError(
+                "set redis.url or redis.sentinel.addresses, not both: with sentinels the primary's address "
+                "comes from them (unset the URL with redis.url=null)"
+            )
+        if self.sentinel.enabled and self.tls_ca_certs:
+            raise ValueError("redis.tls_ca_certs (TLS to Redis) is not supported with redis.sentinel yet: "
+                             "use redis.url=rediss://... or sentinels without TLS")
+        return self
+
+    @property
+    def external(self) -> bool:
+        """Whether the config names a server (a URL or sentinels); if not, `asyncrlhf up` embeds one."""
+        return bool(self.url or self.sentinel.enabled)
+
+    @property
+    def where(self) -> str:
+        """The server as a log line may show it (no password)."""
+        if self.sentinel.enabled:
+            return f"sentinels {','.join(self.sentinel.addresses)} (primary `{self.sentinel.master}`)"
+        return url_without_password(self.url) if self.url else "(not set)"
 
 
 class TaskConfig(Section):
@@ -163,3 +233,12 @@ class LaunchConfig(Section):
         600.0, gt=0, description="After the learner ends, wait this long for the last evaluation."
     )
 
+
+def url_without_password(url: str) -> str:
+    """`url` with its password, if any, as `***`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}***@{parts.hostname}{port}"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import model_validator
@@ -15,7 +14,14 @@ from asyncrlhf.config.base import Section
 from asyncrlhf.config.learner import LearnerConfig, OnlineDPOLearnerConfig
 from asyncrlhf.config.model import VLLM_CPU_HEAD_SIZES, VLLM_LORA_RANKS, GeneratorConfig, ModelConfig
 from asyncrlhf.config.reward import EvaluatorConfig, RewardConfig
-from asyncrlhf.config.run import LaunchConfig, MetricsConfig, RedisConfig, RunConfig, TaskConfig
+from asyncrlhf.config.run import (
+    LaunchConfig,
+    MetricsConfig,
+    RedisConfig,
+    RunConfig,
+    TaskConfig,
+    url_without_password,
+)
 from asyncrlhf.config.stages import RelabelConfig, RewardModelTrainingConfig, SFTConfig
 
 
@@ -72,14 +78,15 @@ class Config(Section):
         return self
 
     def to_yaml(self) -> str:
-        """The resolved config as YAML without its secrets (run.token, redis.password, a password in
-        redis.url, a remote scorer's token), so it is safe to print and to write into run directories and
-        checkpoints."""
+        """The resolved config as YAML without its secrets (run.token, redis.password and
+        redis.sentinel.password, a password in redis.url, a remote scorer's token), so it is safe to print and
+        to write into run directories and checkpoints."""
         data = self.model_dump(mode="json")
         data["run"]["token"] = None
         data["redis"]["password"] = None
+        data["redis"]["sentinel"]["password"] = None
         if data["redis"]["url"]:
-            data["redis"]["url"] = _without_password(data["redis"]["url"])
+            data["redis"]["url"] = url_without_password(data["redis"]["url"])
         for scorer in [*data["reward"]["scorers"], data["evaluator"]["gold"]]:
             if "token" in scorer:
                 scorer["token"] = None
@@ -90,13 +97,3 @@ class Config(Section):
         data = self.model_dump(mode="json")
         data["run"].pop("token", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:" if parts.username else ":"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}***@{parts.hostname}{port}"))

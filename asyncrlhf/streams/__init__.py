@@ -18,7 +18,7 @@ from __future__ import annotations
 import redis
 
 from asyncrlhf.config import Config, RedisConfig
-from asyncrlhf.streams.connection import connect
+from asyncrlhf.streams.connection import ReplicaWait, connect
 from asyncrlhf.streams.consumer import Consumer, Delivery, Producer
 from asyncrlhf.streams.credits import PromptCredits
 from asyncrlhf.streams.dead_letter import DeadLetter, read_dead_letters
@@ -35,6 +35,7 @@ from asyncrlhf.streams.names import (
     LEARNER_DEAD_LETTER_CURSOR,
     LEARNER_FINISHED,
     LEARNER_GROUP,
+    LEARNER_WAIT_MARK,
     PAYLOAD_FIELD,
     PROMPTS,
     REWARD_GROUP,
@@ -51,9 +52,9 @@ from asyncrlhf.streams.stats import StreamStats, stream_stats
 __all__ = [
     "CREDITS", "DEAD_LETTER", "EVALUATOR_GROUP", "EVENTS", "FEED_CURSOR", "FLOW", "GENERATOR_GROUP",
     "GENERATOR_REGISTRY", "ID_FIELD", "LEARNER_DEAD_LETTER_CURSOR", "LEARNER_FINISHED", "LEARNER_GROUP",
-    "PAYLOAD_FIELD", "PROMPTS", "REWARD_GROUP", "ROLLOUTS", "SCORED", "STREAMS", "Consumer", "DeadLetter",
-    "Delivery", "Producer", "PromptCredits", "RunStreams", "StreamSpec", "StreamStats", "connect", "run_key",
-    "seen_name", "stream_stats",
+    "LEARNER_WAIT_MARK", "PAYLOAD_FIELD", "PROMPTS", "REWARD_GROUP", "ROLLOUTS", "SCORED", "STREAMS",
+    "Consumer", "DeadLetter", "Delivery", "Producer", "PromptCredits", "ReplicaWait", "RunStreams",
+    "StreamSpec", "StreamStats", "connect", "run_key", "seen_name", "stream_stats",
 ]
 
 
@@ -85,6 +86,10 @@ class RunStreams:
 
     def credits(self, limit: int) -> PromptCredits:
         return PromptCredits(self.client, self.key(CREDITS), limit)
+
+    def replica_wait(self) -> ReplicaWait:
+        """The learner's WAIT for replicas after its critical writes (a no-op without redis.sentinel)."""
+        return ReplicaWait(self.client, self.cfg, self.key(LEARNER_WAIT_MARK))
 
     def stats(self, spec: StreamSpec, group: str) -> StreamStats:
         return stream_stats(self.client, self.key(spec.name), group, spec.work_queue)

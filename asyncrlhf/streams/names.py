@@ -62,6 +62,7 @@ CREDITS = "credits"  # the learner's prompt groups in flight (`PromptCredits`)
 FEED_CURSOR = "feed_cursor"  # prompt groups the learner has enqueued: g00000000 .. g<cursor-1>
 LEARNER_FINISHED = "learner_finished"  # prompt groups trained, dropped or dead-lettered
 LEARNER_DEAD_LETTER_CURSOR = "learner_dead_letter_cursor"  # the last dead letter the learner counted
+LEARNER_WAIT_MARK = "learner_wait_mark"  # what the learner last waited for replicas to hold (WAIT)
 GENERATOR_REGISTRY = "generators"  # set of live generator ids; `generators:<id>` is each one's hash
 
 

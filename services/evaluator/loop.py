@@ -176,6 +176,7 @@ class Evaluator:
 
 
 def serve(cfg: Config, _log: logging.Logger, stop: threading.Event) -> int:
-    if not cfg.redis.url:
-        raise ServiceError("redis.url is not set: pass redis.url=redis://host:6379/0 (or use `asyncrlhf up`)")
+    if not cfg.redis.external:
+        raise ServiceError("redis.url is not set: pass redis.url=redis://host:6379/0 or "
+                           "redis.sentinel.addresses=[host:26379,...] (or use `asyncrlhf up`)")
     return Evaluator(cfg, stop).start().run()

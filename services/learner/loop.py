@@ -191,6 +191,7 @@ class Learner:
         if self.rank == 0:
             done = self.state.steps >= self.cfg.learner.total_steps
             self._emit(EVENT_KIND_RUN_FINISHED if done else EVENT_KIND_POLICY_VERSION)
+            self.schedule.replica_wait("the learner's last event")  # the evaluator stops on RUN_FINISHED
             self.weights.close()
             self.trackers.close()
         if self.http:

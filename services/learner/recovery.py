@@ -58,6 +58,7 @@ def recover(
     finished = sum(1 for g in schedule.consumed.ids if schedule.feed.enqueued(g))
     schedule.client.set(schedule._finished_key, finished)
     schedule.credits.reset(max(0, cursor - finished))
+    schedule.replica_wait(f"recovery at version {version}")
 
 def requeue(schedule: Schedule, group_ids: list[str], version: int, reason: str) -> None:
     """Enqueue groups again under their ids (logged first: a crash in between is repaired at the next

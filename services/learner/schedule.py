@@ -74,6 +74,7 @@ class Schedule:
         self.consumer = streams.consumer(SCORED, LEARNER_GROUP, f"learner-{uuid.uuid4().hex[:6]}")
         self.consumed = ConsumedLog(cfg.run.path / CONSUMED_LOG)
         self.credits = streams.credits((cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step)
+        self.replica_wait = streams.replica_wait()  # WAIT after critical writes (redis.sentinel)
         task = load_task(cfg.task)
         whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})  # lengths before truncation
         task, prompt_ids = fit_prompts(task, encode_prompts(tokenizer, task.train, whole),
@@ -105,16 +106,17 @@ class Schedule:
         return str(self.client.info("server").get("run_id", ""))
 
     def _after_redis_restart(self, version: int, holding: StepBatch) -> None:
-        """A Redis that restarted may have come back without its last writes (`appendfsync everysec`, or no
-        AOF): recover as at a start, the groups of the step being collected counted as present."""
+        """A Redis that restarted, or a replica promoted by a failover, may lack the last writes
+        (`appendfsync everysec`, no AOF, asynchronous replication): recover as at a start, the groups of the
+        step being collected counted as present."""
         if time.monotonic() - self._redis_checked < REDIS_CHECK_S:
             return
         self._redis_checked = time.monotonic()
         run_id = self._redis_identity()
         if run_id == self._redis_run_id:
             return
-        log.warning("Redis restarted (run id %s -> %s): checking the streams against the consumed log",
-                    self._redis_run_id[:8], run_id[:8])
+        log.warning("Redis restarted or failed over (run id %s -> %s): checking the streams against the "
+                    "consumed log", self._redis_run_id[:8], run_id[:8])
         self._redis_run_id = run_id
         recover(self, self.feed.known_cursor, version, {d.identity for d in holding.deliveries})
 
@@ -147,7 +149,8 @@ class Schedule:
             if stop.is_set():
                 return None
             self._after_redis_restart(version, batch)
-            self._fill(version)
+            if self._fill(version):
+                self.replica_wait(f"enqueueing prompts at version {version}")
             while_waiting()
             self._reap_dead_letters(version)
             self._observe_queues()
@@ -167,14 +170,18 @@ class Schedule:
         self.consumer.ack(batch.deliveries)
 
     def release(self, batch: StepBatch, version: int) -> None:
-        """Free a trained step's credits and enqueue the next prompts at once."""
+        """Free a trained step's credits and enqueue the next prompts at once; then wait for the replicas to
+        hold the step's Redis writes (its acks, the finished count, the new prompts and the cursor)."""
         self._finish(len(batch.deliveries), f"trained:{self.lineage}:{batch.deliveries[0].identity}")
         self._fill(version)
+        self.replica_wait(f"step to version {version}")
 
-    def _fill(self, version: int) -> None:
+    def _fill(self, version: int) -> int:
+        """Enqueue what credits allow (while a generating version is current); how many groups."""
         lc = self.cfg.learner
         if lc.staleness_mode == "bound" or generates(version, lc.max_staleness, lc.staleness_mode):
-            self.feed.fill(version)
+            return self.feed.fill(version)
+        return 0
 
     def _admit(self, delivery: Delivery, batch: StepBatch, version: int) -> None:
         group, lc = delivery.message, self.cfg.learner

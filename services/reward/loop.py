@@ -127,8 +127,9 @@ def replica_id() -> str:
 
 def serve(cfg: Config, log: logging.Logger, stop: threading.Event) -> int:
     """The service's main body: HTTP up first (not ready), then scorers and Redis, then the loop."""
-    if not cfg.redis.url:
-        raise ServiceError("redis.url is not set: pass redis.url=redis://host:6379/0 (or use `asyncrlhf up`)")
+    if not cfg.redis.external:
+        raise ServiceError("redis.url is not set: pass redis.url=redis://host:6379/0 or "
+                           "redis.sentinel.addresses=[host:26379,...] (or use `asyncrlhf up`)")
     rc = cfg.reward
     check_bind(rc.http_host, cfg, "reward HTTP")
     metrics = RewardMetrics()

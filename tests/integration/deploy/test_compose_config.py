@@ -1,6 +1,6 @@
 """What the real Docker Compose renders (`docker compose config`), not what PyYAML reads: the CPU override
-leaves no GPU reservation, the asyncrlhf services restart only on failure, and the GPU stack's devices agree
-with the 4-GPU node config."""
+leaves no GPU reservation, the asyncrlhf services restart only on failure, the GPU stack's devices agree
+with the 4-GPU node config, and the TLS override mounts what it should."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def gpu(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def cpu(tmp_path_factory) -> dict:
     return render_compose(tmp_path_factory.mktemp("cpu"), "deploy/compose/cpu.yml")["services"]
+
+
+@pytest.fixture(scope="module")
+def cpu_tls(tmp_path_factory) -> dict:
+    return render_compose(tmp_path_factory.mktemp("cpu-tls"), "deploy/compose/cpu.yml",
+                          "deploy/compose/tls.yaml")["services"]
 
 
 def gpu_devices(service: dict) -> list[str]:
@@ -89,3 +95,19 @@ def test_kubernetes_runs_what_compose_runs(gpu, tmp_path):
     scaled = {d["metadata"]["name"]: d["spec"]["scaleTargetRef"] for d in docs if d["kind"] == "ScaledObject"}
     for name, ref in scaled.items():
         assert ("Deployment", ref["name"]) in find and ref["name"] == name, ref
+
+
+def test_the_tls_override_replaces_the_container_layer_and_adds_the_certificates_only_where_needed(cpu_tls):
+    """Compose merges `volumes` by container path: the TLS layer takes container.yaml's place (one mount
+    there, not two), the certificate directory is added read-only, the CPU stack's run config stays."""
+    for name in ASYNCRLHF:
+        mounts = {v["target"]: v for v in cpu_tls[name]["volumes"]}
+        assert len(mounts) == len(cpu_tls[name]["volumes"]), f"{name}: a path mounted twice"
+        layer = Path(mounts["/etc/asyncrlhf/container.yaml"]["source"]).name
+        assert Path(mounts["/etc/asyncrlhf/run.yaml"]["source"]).name == "tiny.yaml", name
+        if name in ("generator", "learner"):
+            certs = mounts["/etc/asyncrlhf-tls"]
+            assert layer == "container-tls.yaml" and certs["read_only"], name
+            assert Path(certs["source"]).parts[-3:] == ("deploy", "compose", "tls"), certs
+        else:
+            assert layer == "container.yaml" and "/etc/asyncrlhf-tls" not in mounts, name

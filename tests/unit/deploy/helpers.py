@@ -60,8 +60,9 @@ def load_compose(path: Path) -> dict:
 
 def merge_compose(base: dict, override: dict) -> dict:
     """`docker compose -f base -f override` for the subset of merge rules our files use: mappings merge
-    key by key, `!override` replaces, `!reset` removes. A plain sequence in an override is refused: compose
-    merges each sequence field by its own rule, so our override files say `!override` explicitly."""
+    key by key, `!override` replaces, `!reset` removes, a service's `volumes` merge by container path (an
+    entry for a path already mounted replaces it). Any other plain sequence in an override is refused:
+    compose merges each sequence field by its own rule, so our override files say `!override` explicitly."""
     merged = dict(base)
     for key, value in override.items():
         if key.startswith("x-"):
@@ -72,6 +73,8 @@ def merge_compose(base: dict, override: dict) -> dict:
             merged[key] = value.value
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = merge_compose(merged[key], value)
+        elif key == "volumes" and isinstance(value, list) and isinstance(merged.get(key), list):
+            merged[key] = merge_volumes(merged[key], value)
         elif isinstance(value, list) and key in merged:
             raise ValueError(
                 f"`{key}`: a plain sequence in an override merges by compose's per-field rules; "
@@ -80,6 +83,18 @@ def merge_compose(base: dict, override: dict) -> dict:
         else:
             merged[key] = value
     return merged
+
+
+def volume_target(volume: str) -> str:
+    """The container path of a short-syntax volume, `SOURCE:TARGET[:MODE]`."""
+    return volume.split(":")[1]
+
+
+def merge_volumes(base: list[str], override: list[str]) -> list[str]:
+    """Compose's rule for a service's `volumes`: unique by container path, the override's entry winning."""
+    replaced = {volume_target(v): v for v in override}
+    kept = [replaced.pop(volume_target(v), v) for v in base]
+    return kept + list(replaced.values())
 
 
 def compose_schema() -> dict:
@@ -92,12 +107,22 @@ def compose_schema() -> dict:
 # -- kubernetes -------------------------------------------------------------------------------------------
 
 
-def render_kustomize(target: str, tmp_path: Path) -> list[dict]:
-    """`kubectl kustomize deploy/k8s/<target>` on a copy of deploy/k8s whose secrets.env is the example."""
+def render_kustomize(target: str, tmp_path: Path, components: tuple[str, ...] = ()) -> list[dict]:
+    """`kubectl kustomize deploy/k8s/<target>` on a copy of deploy/k8s whose secrets.env is the example; with
+    `components` (e.g. `components/tls`), of a kustomization of the user's own that takes `target` as its
+    resource and adds those components, as their comments say to use them."""
     copy = tmp_path / "k8s"
     if not copy.exists():
         shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("secrets.env"))
         shutil.copy(copy / "base" / "secrets.env.example", copy / "base" / "secrets.env")
+    if components:
+        mine = copy / ("with-" + "-".join(c.replace("/", "_") for c in (target, *components)))
+        mine.mkdir(exist_ok=True)
+        (mine / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [f"../{target}"], "components": [f"../{c}" for c in components],
+        }))
+        target = mine.name
     out = subprocess.run(
         ["kubectl", "kustomize", str(copy / target)], check=False, capture_output=True, text=True, timeout=120
     )
