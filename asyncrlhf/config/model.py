@@ -81,6 +81,11 @@ class VLLMConfig(Section):
     max_model_len: int | None = Field(None, description="Max sequence length (None: the model's).")
     cache_root: str | None = Field(
         None, description="VLLM_CACHE_ROOT (None: `<model.cache_dir>/vllm`, never the home directory).")
+    merge_lora: bool | None = Field(
+        None, description="LoRA runs: fold each pushed adapter into the base weights (from a pristine copy "
+        "the generator keeps in host memory) and reload them, so sampling runs the plain model, as the HF "
+        "backend does; false: serve the adapter with vLLM's LoRA kernels. None: true on CPU (vLLM's CPU "
+        "LoRA kernels halve its tokens/s), false on GPU (keeps host memory free; pushes stay adapters).")
     cpu_threads_bind: str = Field(
         "nobind", description="CPU: vLLM's VLLM_CPU_OMP_THREADS_BIND. `nobind` (default): the worker runs "
         "`generator.threads` threads (0: every core) where the OS schedules them. vLLM's own `auto` pins the "

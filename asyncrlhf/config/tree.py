@@ -65,10 +65,12 @@ class Config(Section):
     def _vllm_can_serve(self) -> Config:
         if self.generator.backend != "vllm":
             return self
-        lora = self.learner.lora
-        if lora.enabled and lora.r not in VLLM_LORA_RANKS:
-            raise ValueError(f"learner.lora.r={lora.r}: vLLM (generator.backend=vllm) serves LoRA ranks "
-                             f"{', '.join(map(str, VLLM_LORA_RANKS))}; pick one of those")
+        lora, merge = self.learner.lora, self.generator.vllm.merge_lora
+        merged = merge or (merge is None and self.generator.device == "cpu")  # no LoRA kernels then
+        if lora.enabled and not merged and lora.r not in VLLM_LORA_RANKS:
+            raise ValueError(f"learner.lora.r={lora.r}: vLLM's LoRA kernels (generator.backend=vllm) serve "
+                             f"ranks {', '.join(map(str, VLLM_LORA_RANKS))}; pick one of those, or set "
+                             "generator.vllm.merge_lora=true (the adapter is folded into the weights)")
         tiny = self.model.tiny
         if self.model.name_or_path == "tiny" and tiny.hidden // tiny.heads not in VLLM_CPU_HEAD_SIZES:
             sizes, head = ", ".join(map(str, VLLM_CPU_HEAD_SIZES)), tiny.hidden // tiny.heads

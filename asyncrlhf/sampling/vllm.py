@@ -11,9 +11,12 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
 - Full-weight pushes: the tensors are written to a safetensors file in the backend's work directory and
   every worker loads them through vLLM's own in-place `reload_weights` (`vllm_engine.WeightLoaderExtension`);
   then the prefix cache is reset, since cached KV blocks were computed by the old weights.
-- LoRA pushes (`learner.lora.enabled`): the adapter tensors are written as a PEFT adapter directory and
-  served as a new `LoRARequest` per version (loaded before it is used; the previous one is removed from the
-  engine and its files deleted).
+- LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
+  pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
+  versions) and the whole model is reloaded as a full-weight push, so sampling runs the plain model (vLLM's
+  CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): the adapter tensors are written as a
+  PEFT adapter directory and served as a new `LoRARequest` per version (loaded before it is used; the
+  previous one is removed from the engine and its files deleted).
 The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. The gate
 guarantees no `generate` call is running while weights change.
 """
@@ -34,7 +37,14 @@ import torch
 
 from asyncrlhf.config import Config, LoraConfig, SamplingConfig
 from asyncrlhf.sampling import Completion
-from asyncrlhf.sampling.vllm_engine import engine_settings, model_dir_for_vllm, weight_skeleton
+from asyncrlhf.sampling.vllm_engine import (
+    engine_settings,
+    merged_weights,
+    merges_lora,
+    model_dir_for_vllm,
+    pristine_targets,
+    weight_skeleton,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +79,9 @@ def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.T
 
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
-                 seed: int = 0):
+                 seed: int = 0, pristine: dict[str, torch.Tensor] | None = None):
         self.llm, self.skeleton, self.lora, self.work_dir, self.seed = llm, skeleton, lora, work_dir, seed
+        self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._version = 0
         self._calls = 0
         self._lora_request: Any = None
@@ -89,8 +100,12 @@ class VLLMBackend:
         Path(env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
         llm = vllm.LLM(**kwargs)
         work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
-        skeleton = weight_skeleton(model_dir, getattr(torch, kwargs["dtype"]), cfg.learner.lora)
-        return cls(llm, skeleton, cfg.learner.lora, work_dir, seed=cfg.run.seed)
+        dtype = getattr(torch, kwargs["dtype"])
+        skeleton = weight_skeleton(model_dir, dtype, cfg.learner.lora)
+        pristine = None
+        if cfg.learner.lora.enabled and merges_lora(cfg):
+            pristine = pristine_targets(model_dir, skeleton, dtype)
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, seed=cfg.run.seed, pristine=pristine)
 
     @property
     def version(self) -> int:
@@ -103,7 +118,9 @@ class VLLMBackend:
         self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
     ) -> None:
         """Load into the engine (through a file either way, so `adopt` changes nothing)."""
-        if self.lora.enabled:
+        if self.pristine is not None:
+            self._reload(merged_weights(self.pristine, tensors, self.lora))
+        elif self.lora.enabled:
             self._load_adapter(tensors, version)
         else:
             self._reload(tensors)

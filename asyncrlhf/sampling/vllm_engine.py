@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,57 @@ def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[
         env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
         if v.cpu_threads_bind == "nobind":  # the worker's torch threads follow OMP_NUM_THREADS
             env["OMP_NUM_THREADS"] = str(cfg.generator.threads or os.cpu_count() or 1)
-    if lora.enabled:
+    if lora.enabled and not merges_lora(cfg):
         kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
     return kwargs, env
+
+
+def merges_lora(cfg: Config) -> bool:
+    """Whether a LoRA run's adapters are folded into the engine's weights (`generator.vllm.merge_lora`)."""
+    merge = cfg.generator.vllm.merge_lora
+    if merge is None:
+        return resolve_device(cfg.generator.device).type != "cuda"
+    return merge
+
+
+def pristine_targets(model_dir: Path, skeleton: Mapping[str, torch.Tensor], dtype: torch.dtype,
+                     ) -> dict[str, torch.Tensor]:
+    """The model's own weights (HF names, the engine's dtype) that a merged adapter is added to: every
+    weight of the checkpoint, so each reload rewrites whole layers (vLLM's in-place reload rebuilds a layer
+    from the weights it is given: a fused q/k/v layer given only q would lose k and v)."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no safetensors weights to fold LoRA adapters into; set "
+                                "generator.vllm.merge_lora=false to serve adapters with vLLM's LoRA kernels")
+    weights = {name: t.to(dtype) for f in files for name, t in load_file(str(f)).items()}
+    missing = sorted({lora_base_name(n) for n in skeleton} - set(weights))
+    if missing:
+        raise ValueError(f"the adapter targets weights {missing[:3]} that {model_dir} does not hold")
+    return weights
+
+
+def lora_base_name(adapter_name: str) -> str:
+    """`base_model.model.<module>.lora_A.default.weight` -> `<module>.weight` (the checkpoint's name)."""
+    module = adapter_name.split(".lora_", 1)[0].removeprefix("base_model.model.")
+    return f"{module}.weight"
+
+
+@torch.no_grad()
+def merged_weights(pristine: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Tensor],
+                   lora: LoraConfig) -> dict[str, torch.Tensor]:
+    """Every weight, with W = W0 + (alpha / r) * B @ A where the adapter has a pair (PEFT's merge)."""
+    out = dict(pristine)
+    scale = lora.alpha / lora.r
+    for name, a in adapter.items():
+        if ".lora_A." not in name:
+            continue
+        b = adapter[name.replace(".lora_A.", ".lora_B.")]
+        base = lora_base_name(name)
+        w0 = pristine[base]
+        out[base] = (w0.float() + scale * (b.float() @ a.float())).to(w0.dtype)
+    return out
 
 
 def model_dir_for_vllm(cfg: ModelConfig) -> Path:

@@ -1,6 +1,7 @@
-"""LoRA pushes into a real vLLM engine (vLLM's CPU build here): adapter versions 1, 2, 3 each give the
-log-probs HF + PEFT give with that adapter; the previous adapter is unloaded and its files deleted; closing
-the backend deletes the rest."""
+"""LoRA pushes into a real vLLM engine (vLLM's CPU build here), served by vLLM's LoRA kernels and folded into
+the weights (`generator.vllm.merge_lora`, the CPU default): adapter versions 1, 2, 3 each give the log-probs
+HF + PEFT give with that adapter; the previous adapter is unloaded and its files deleted; closing the backend
+deletes the rest."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ def random_adapter(peft_model: torch.nn.Module, seed: int) -> dict[str, torch.Te
             for name, t in adapter_tensors(peft_model.state_dict()).items()}
 
 
-def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path):
+@pytest.mark.parametrize("merge", [False, True], ids=["lora-kernels", "merged"])
+def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merge):
     from asyncrlhf.sampling.vllm import VLLMBackend
 
-    cfg = vllm_config(tmp_path, "learner.lora.enabled=true", "learner.lora.r=8", "learner.lora.alpha=16")
+    cfg = vllm_config(tmp_path, "learner.lora.enabled=true", "learner.lora.r=8", "learner.lora.alpha=16",
+                      f"generator.vllm.merge_lora={str(merge).lower()}")
     tokenizer = load_tokenizer(cfg.model)
     backend = VLLMBackend.from_config(cfg, tokenizer)
     try:
@@ -44,8 +47,12 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path):
             if previous is not None:  # what the last version's samples score now: a different adapter
                 assert max_gap(reference, prompts, previous, SAMPLING) > 0.05
             previous = groups
-            assert sorted(p.name for p in backend.work_dir.iterdir()) == [f"adapter-v{version}"]
-            assert set(backend.llm.llm_engine.list_loras()) == {version}
+            if merge:  # a full-weight reload into an engine without LoRA; the push file deleted
+                assert backend.pristine is not None and list(backend.work_dir.iterdir()) == []
+                assert backend.llm.llm_engine.vllm_config.lora_config is None
+            else:
+                assert sorted(p.name for p in backend.work_dir.iterdir()) == [f"adapter-v{version}"]
+                assert set(backend.llm.llm_engine.list_loras()) == {version}
     finally:
         work_dir = backend.work_dir
         backend.close()

@@ -26,6 +26,11 @@ def test_a_lora_rank_vllm_cannot_serve_is_refused_with_the_ranks_it_accepts():
         load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=4"])
     assert load_config([], ["generator.backend=hf", "learner.lora.enabled=true", "learner.lora.r=4"])
     assert load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=8"])
+    # folded into the weights, the adapter never meets vLLM's LoRA kernels: any rank
+    assert load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=4",
+                            "generator.vllm.merge_lora=true"])
+    assert load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=4",
+                            "generator.device=cpu"])
 
 
 def test_a_tiny_head_size_the_cpu_kernels_lack_is_refused_naming_the_fix():

@@ -12,7 +12,15 @@ import torch
 from asyncrlhf.config import LoraConfig, load_config
 from asyncrlhf.models import load_policy
 from asyncrlhf.sampling.vllm import import_vllm, peft_adapter_names, version_tuple
-from asyncrlhf.sampling.vllm_engine import engine_settings, model_dir_for_vllm, weight_skeleton
+from asyncrlhf.sampling.vllm_engine import (
+    engine_settings,
+    lora_base_name,
+    merged_weights,
+    merges_lora,
+    model_dir_for_vllm,
+    pristine_targets,
+    weight_skeleton,
+)
 from asyncrlhf.weights.codec import adapter_tensors
 
 VLLM = ["generator.backend=vllm", "model.tiny.heads=2"]
@@ -98,3 +106,38 @@ def test_version_tuple_reads_release_and_local_versions():
     assert version_tuple("0.32.0") == (0, 32, 0) > (0, 10, 2)
     assert version_tuple("0.10.1+cpu") == (0, 10, 1) < (0, 10, 2)
     assert version_tuple("0.11.0rc1") == (0, 11, 0)
+
+
+@pytest.mark.unit
+def test_a_merged_adapter_is_pefts_merge_of_the_base_weights(tmp_path):
+    cfg = load_config(["configs/tiny.yaml"], [*VLLM, f"model.cache_dir={tmp_path}", "generator.device=cpu",
+                                              "learner.lora.enabled=true", "learner.lora.r=4"])
+    model_dir = model_dir_for_vllm(cfg.model)
+    skeleton = weight_skeleton(model_dir, torch.float32, cfg.learner.lora)
+    pristine = pristine_targets(model_dir, skeleton, torch.float32)
+    peft = load_policy(cfg.model, lora=cfg.learner.lora)
+    gen = torch.Generator().manual_seed(0)
+    adapter = {n: 0.1 * torch.randn(t.shape, generator=gen)
+               for n, t in adapter_tensors(peft.state_dict()).items()}
+    peft.load_state_dict(adapter, strict=False)
+    expected = peft.merge_and_unload().state_dict()
+    merged = merged_weights(pristine, adapter, cfg.learner.lora)
+    assert set(merged) == set(pristine)  # whole layers: vLLM's reload rebuilds a layer from what it is given
+    changed = {lora_base_name(n) for n in adapter}
+    assert changed and all(n in merged for n in changed)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(tensor, expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    for name in set(pristine) - changed:
+        assert merged[name] is pristine[name]  # untouched weights are not copied
+
+
+@pytest.mark.unit
+def test_lora_merges_on_cpu_and_serves_adapters_on_gpu_unless_told(tmp_path):
+    lora = ["learner.lora.enabled=true", "learner.lora.r=8"]
+    cpu = load_config(["configs/tiny.yaml"], [*VLLM, *lora, "generator.device=cpu"])
+    assert merges_lora(cpu) and "enable_lora" not in engine_settings(cpu, tmp_path)[0]
+    gpu = load_config(["configs/tiny.yaml"], [*VLLM, *lora, "generator.device=cuda"])
+    assert not merges_lora(gpu) and engine_settings(gpu, tmp_path)[0]["enable_lora"]
+    told = load_config(["configs/tiny.yaml"], [*VLLM, *lora, "generator.device=cpu",
+                                               "generator.vllm.merge_lora=false"])
+    assert not merges_lora(told)
