@@ -195,7 +195,10 @@ class Launcher:
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
-        progress = Progress(self.cfg.learner.total_steps, final_version=self._final_version)
+        g = self.cfg.generator
+        backend = f"{g.backend} ({g.auto_reason})" if g.auto_reason else g.backend
+        progress = Progress(self.cfg.learner.total_steps, final_version=self._final_version,
+                            generator=backend)
         try:
             code = self._supervise(progress)
         finally:

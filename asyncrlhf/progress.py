@@ -32,8 +32,9 @@ class Scraped(Protocol):
 class RunState:
     """The last known metrics of every service, merged over scrapes."""
 
-    def __init__(self, total_steps: int, clock=time.monotonic):
+    def __init__(self, total_steps: int, clock=time.monotonic, generator: str | None = None):
         self.total_steps, self.clock = total_steps, clock
+        self.generator = generator  # the generator backend (and why, when `auto` chose it)
         self.started = clock()
         self.per_service: dict[str, dict[str, float]] = {}
         self.generator_versions: dict[str, float] = {}
@@ -112,7 +113,9 @@ def rows(state: RunState) -> list[tuple[str, str]]:
     # Reward and KL come from the last scrape; say which step when the learner went on after it.
     behind = trained and scraped is not None and steps is not None and scraped < steps
     at = f" (step {scraped:.0f})" if behind else ""
+    backend = [("generator", state.generator)] if state.generator else []
     return [
+        *backend,
         ("step", f"{_num(steps, '.0f')}/{state.total_steps}"),
         ("speed", f"{_num(rate, '.2f')} steps/s, eta {_duration(eta)}, first step after {_duration(first)}"),
         ("version", f"learner {_num(learner_version, '.0f')}, generators {versions}"),
@@ -130,8 +133,8 @@ class Progress:
     """Shows `RunState` as a live table (on a terminal, or on the `console` given) or as log lines."""
 
     def __init__(self, total_steps: int, console=None, clock=time.monotonic,
-                 final_version: Callable[[], int | None] = lambda: None):
-        self.state = RunState(total_steps, clock)
+                 final_version: Callable[[], int | None] = lambda: None, generator: str | None = None):
+        self.state = RunState(total_steps, clock, generator)
         self.final_version = final_version
         self.live = None
         self._last_line: float | None = None

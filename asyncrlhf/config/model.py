@@ -94,9 +94,13 @@ class VLLMConfig(Section):
 
 
 class GeneratorConfig(Section):
-    backend: Literal["hf", "vllm"] = Field(
-        "hf", description="`hf` (transformers, CPU or GPU) or `vllm` (GPU, or vLLM's CPU build: `make vllm`)."
+    backend: Literal["hf", "vllm", "auto"] = Field(
+        "hf", description="`hf` (transformers, CPU or GPU), `vllm` (GPU, or vLLM's CPU build: `make vllm`), "
+        "or `auto`: vLLM where it is installed and can serve this run, else `hf` (resolved at load; "
+        "`auto_reason` says why)."
     )
+    auto_reason: str | None = Field(
+        None, description="Written by `backend: auto` at load: the backend it chose and why (not a setting).")
     replicas: int = Field(1, ge=1, description="Generator processes `asyncrlhf up` starts.")
     samples_per_prompt: int = Field(4, ge=1, description="k: completions sampled per prompt group.")
     batch_prompts: int = Field(8, ge=1, description="Prompt groups sampled together in one backend call.")

@@ -4,8 +4,11 @@ saved (without secrets), and the hash services log."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import platform
+import sys
 
 import yaml
 from pydantic import model_validator
@@ -49,6 +52,15 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _resolve_auto_backend(self) -> Config:
+        """`generator.backend: auto` -> `vllm` where vLLM is installed, runs on this host and can serve this
+        run (else `hf`), with the reason; before the checks below, which see the backend chosen."""
+        if self.generator.backend == "auto":
+            backend, reason = auto_backend(self)
+            self.generator = self.generator.model_copy(update={"backend": backend, "auto_reason": reason})
+        return self
+
+    @model_validator(mode="after")
     def _tensor_parallel_fits(self) -> Config:
         g, tp = self.generator, self.generator.tensor_parallel_size
         if tp > 1 and g.backend != "vllm":
@@ -65,18 +77,9 @@ class Config(Section):
     def _vllm_can_serve(self) -> Config:
         if self.generator.backend != "vllm":
             return self
-        lora, merge = self.learner.lora, self.generator.vllm.merge_lora
-        merged = merge or (merge is None and self.generator.device == "cpu")  # no LoRA kernels then
-        if lora.enabled and not merged and lora.r not in VLLM_LORA_RANKS:
-            raise ValueError(f"learner.lora.r={lora.r}: vLLM's LoRA kernels (generator.backend=vllm) serve "
-                             f"ranks {', '.join(map(str, VLLM_LORA_RANKS))}; pick one of those, or set "
-                             "generator.vllm.merge_lora=true (the adapter is folded into the weights)")
-        tiny = self.model.tiny
-        if self.model.name_or_path == "tiny" and tiny.hidden // tiny.heads not in VLLM_CPU_HEAD_SIZES:
-            sizes, head = ", ".join(map(str, VLLM_CPU_HEAD_SIZES)), tiny.hidden // tiny.heads
-            raise ValueError(f"the tiny model's head size (model.tiny.hidden / heads = {head}) is not one "
-                             f"vLLM's CPU attention supports ({sizes}); with generator.backend=vllm set e.g. "
-                             f"model.tiny.heads={max(1, tiny.hidden // 32)}")
+        problem = vllm_cannot_serve(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def to_yaml(self) -> str:
@@ -99,3 +102,49 @@ class Config(Section):
         data = self.model_dump(mode="json")
         data["run"].pop("token", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def vllm_cannot_serve(cfg: Config) -> str | None:
+    """Why vLLM cannot serve this run (as configured), or None."""
+    lora, merge = cfg.learner.lora, cfg.generator.vllm.merge_lora
+    if lora.enabled and lora.r not in VLLM_LORA_RANKS and not (
+            merge or (merge is None and not _on_gpu(cfg.generator.device))):  # merged: no LoRA kernels
+        return (f"learner.lora.r={lora.r}: vLLM's LoRA kernels (generator.backend=vllm) serve ranks "
+                f"{', '.join(map(str, VLLM_LORA_RANKS))}; pick one of those, or set "
+                "generator.vllm.merge_lora=true (the adapter is folded into the weights)")
+    tiny = cfg.model.tiny
+    if cfg.model.name_or_path == "tiny" and tiny.hidden // tiny.heads not in VLLM_CPU_HEAD_SIZES:
+        sizes, head = ", ".join(map(str, VLLM_CPU_HEAD_SIZES)), tiny.hidden // tiny.heads
+        return (f"the tiny model's head size (model.tiny.hidden / heads = {head}) is not one vLLM's CPU "
+                f"attention supports ({sizes}); with generator.backend=vllm set e.g. "
+                f"model.tiny.heads={max(1, tiny.hidden // 32)}")
+    return None
+
+
+def auto_backend(cfg: Config) -> tuple[str, str]:
+    """(backend, why) for `generator.backend: auto`. vLLM needs to be installed (without importing it: that
+    takes seconds) and a host it runs on: a CUDA GPU, or Linux x86-64 for its CPU build."""
+    if importlib.util.find_spec("vllm") is None:
+        return "hf", ("auto: vLLM is not installed (`make vllm` on Linux x86-64, or "
+                      "pip install 'asyncrlhf[vllm]')")
+    on_cpu_build_host = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+    wants_gpu = cfg.generator.device.startswith("cuda")
+    if not wants_gpu and not on_cpu_build_host and not _cuda_available():
+        return "hf", f"auto: vLLM's CPU build does not run on {sys.platform}/{platform.machine()}"
+    problem = vllm_cannot_serve(cfg.model_copy(update={
+        "generator": cfg.generator.model_copy(update={"backend": "vllm"})}))
+    if problem:
+        return "hf", f"auto: vLLM cannot serve this run ({problem})"
+    return "vllm", "auto: vLLM is installed and can serve this run"
+
+
+def _on_gpu(device: str) -> bool:
+    return device.startswith("cuda") or (device == "auto" and _cuda_available())
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

@@ -110,3 +110,13 @@ def test_without_a_terminal_it_logs_lines_and_a_final_one(capsys):
     progress.close()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("progress: step=3/1500") for line in lines)
+
+
+def test_the_generator_backend_and_why_auto_chose_it_are_shown():
+    console = Console(record=True, width=160, force_terminal=True, color_system=None)
+    progress = Progress(TOTAL, console=console, clock=Clock(),
+                        generator="hf (auto: vLLM is not installed)")
+    progress.close()
+    line = next(line for line in frames(console)[-1].splitlines() if "generator" in line)
+    assert "hf (auto: vLLM is not installed)" in line
+

@@ -23,7 +23,8 @@ def test_a_flat_vllm_key_of_before_names_its_new_place(old, new):
 
 def test_a_lora_rank_vllm_cannot_serve_is_refused_with_the_ranks_it_accepts():
     with pytest.raises(ConfigError, match=r"learner.lora.r=4.*1, 8, 16, 32, 64"):
-        load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=4"])
+        load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=4",
+                         "generator.device=cuda"])
     assert load_config([], ["generator.backend=hf", "learner.lora.enabled=true", "learner.lora.r=4"])
     assert load_config([], ["generator.backend=vllm", "learner.lora.enabled=true", "learner.lora.r=8"])
     # folded into the weights, the adapter never meets vLLM's LoRA kernels: any rank
@@ -37,3 +38,19 @@ def test_a_tiny_head_size_the_cpu_kernels_lack_is_refused_naming_the_fix():
     with pytest.raises(ConfigError, match=r"head size .* = 16\).*model.tiny.heads=2"):
         load_config(["configs/tiny.yaml"], ["generator.backend=vllm"])
     assert load_config(["configs/tiny.yaml"], ["generator.backend=vllm", "model.tiny.heads=2"])
+
+
+def test_auto_picks_vllm_where_it_can_serve_the_run_and_hf_with_the_reason_elsewhere(monkeypatch):
+    import importlib.util
+
+    demo = load_config(["configs/demo.yaml"], ["generator.backend=auto"])
+    tiny = load_config(["configs/tiny.yaml"], ["generator.backend=auto"])  # head size 16: not on vLLM's CPU
+    assert tiny.generator.backend == "hf" and "head size" in tiny.generator.auto_reason
+    if importlib.util.find_spec("vllm") is not None:
+        assert demo.generator.backend == "vllm" and demo.generator.auto_reason.startswith("auto: vLLM is")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    without = load_config(["configs/demo.yaml"], ["generator.backend=auto"])
+    assert without.generator.backend == "hf" and "not installed" in without.generator.auto_reason
+    assert load_config(["configs/demo.yaml"], ["generator.backend=hf"]).generator.auto_reason is None
