@@ -58,7 +58,7 @@ class Backend(WeightTarget, Protocol):
         """`out[i][t - 1]` for each position t >= 1 of `sequences[i]`: (log p(token_t | prefix), the top_n
         most likely (id, log p) at t), p = softmax(logits): the model's own distribution, with no temperature
         and no truncation (vLLM's prompt log-probs ignore the sampling parameters, so both backends use this
-        definition; it is also what OpenAI's and vLLM's servers report)."""
+        definition; it is also what vLLM's own server reports by default)."""
 
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         """Name -> tensor (shape, dtype) that a weight push may update: the full state dict, or the LoRA

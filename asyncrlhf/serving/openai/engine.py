@@ -2,13 +2,14 @@
 
 - temperature 0 is greedy: sampled as top-k 1 at temperature 1 (deterministic on any backend);
 - a request runs in its own torch RNG stream (`torch.random.fork_rng`), seeded by `seed` or by a fresh random
-  seed, so a seeded request is reproducible and API traffic never shifts the training loop's random stream;
+  seed, so a seeded request is reproducible and API traffic never shifts the training loop's random stream
+  (the HF backend samples from that stream; the vLLM backend draws its engine's seed from it);
 - stop strings are applied to the decoded text: the text ends before the first one, the tokens count up to
   the one that completed it, and the choice finishes with "stop";
 - every log-prob the API returns (`logprobs`, its top-N alternatives, echoed prompt tokens) is
   log softmax(logits) under the weights that sampled: the model's own distribution, whatever the request's
-  temperature or top_p (so a greedy token's log-prob is its probability, not 0). It is what OpenAI's and
-  vLLM's servers report, and the one definition both backends can give: vLLM's prompt log-probs ignore the
+  temperature or top_p (so a greedy token's log-prob is its probability, not 0). It is what vLLM's own
+  server reports by default, and the one definition both backends can give: vLLM's prompt log-probs ignore the
   sampling parameters (`Backend.score_tokens`). They come from one scoring pass of the backend, under the
   gate with the sampling, so they are the same weights version as the sample. (The training loop's behaviour
   log-probs are another quantity: under the distribution actually sampled, `asyncrlhf.sampling.Completion`.)
