@@ -144,10 +144,11 @@ class VLLMBackend:
         return Completion(ids, logps, "stop" if output.finish_reason == "stop" else "length")
 
     def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int) -> list[list[TokenScore]]:
-        """vLLM's prompt log-probs of each sequence (one generated token each, discarded)."""
+        """vLLM's prompt log-probs of each sequence (one greedy token generated each, discarded: no random
+        draw, and the sampling parameters do not reach prompt log-probs anyway)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=1, prompt_logprobs=top_n, detokenize=False)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_n, detokenize=False)
         requests = [{"prompt_token_ids": list(s)} for s in sequences]
         # vLLM's LoRA logits layer looks adapters up per request, not per prompt token: prompt log-probs of
         # several requests in one step fail (vllm-project/vllm#29955); one request per call computes them.
