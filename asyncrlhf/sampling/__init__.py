@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Finish = Literal["stop", "length"]
+# One position of a scored sequence: (log p(token_t | prefix), the top-n (id, log p) at t, most likely first).
+TokenScore = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Completion:
 
 class Backend(WeightTarget, Protocol):
     """What the generator loop, the WeightSync receiver and `/v1/completions` need from a sampler: a
-    `WeightTarget` (pushed weights are applied with `apply_weights`) that generates."""
+    `WeightTarget` (pushed weights are applied with `apply_weights`) that generates and scores."""
 
     @property
     def version(self) -> int:
@@ -53,6 +55,12 @@ class Backend(WeightTarget, Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:
         """k completions of each prompt: `out[i][j]` is the j-th sample of `prompts[i]`."""
+
+    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int) -> list[list[TokenScore]]:
+        """`out[i][t - 1]` for each position t >= 1 of `sequences[i]`: (log p(token_t | prefix), the top_n
+        most likely (id, log p) at t), p = softmax(logits): the model's own distribution, with no temperature
+        and no truncation (vLLM's prompt log-probs ignore the sampling parameters, so both backends use this
+        definition; it is also what vLLM's own server reports by default)."""
 
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         """Name -> tensor (shape, dtype) that a weight push may update: the full state dict, or the LoRA

@@ -26,7 +26,7 @@ from torch import nn
 from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import CausalLM, is_lora, load_policy, resolve_device, set_threads
-from asyncrlhf.sampling import Completion, Finish
+from asyncrlhf.sampling import Completion, Finish, TokenScore
 from asyncrlhf.weights.codec import adapter_tensors
 from asyncrlhf.weights.receiver import swap_in
 
@@ -231,15 +231,14 @@ class HFBackend:
         return [rows[i * k:(i + 1) * k] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int,
-                     temperature: float) -> list[list[tuple[float, list[tuple[int, float]]]]]:
+    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int) -> list[list[TokenScore]]:
         """For each sequence, for each position t >= 1: (log p(token_t | prefix), the `top_n` most likely
-        (id, log-prob) at t), under softmax(logits / temperature). One forward pass per sequence, so memory
-        stays at one (T, vocab) row of log-probs."""
+        (id, log p) at t), p = softmax(logits) (`Backend.score_tokens`). One forward pass per sequence, so
+        memory stays at one (T, vocab) row of log-probs."""
         out = []
         for seq in sequences:
             ids = torch.as_tensor([list(seq)], dtype=torch.long, device=self.device)
-            logps = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float() / temperature, dim=-1)
+            logps = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), dim=-1)
             chosen = logps.gather(-1, ids[0, 1:, None])[:, 0].cpu().tolist()
             top_lp, top_id = logps.topk(top_n, dim=-1) if top_n else (logps[:, :0], logps[:, :0].long())
             out.append([(lp, list(zip(i, t, strict=True))) for lp, i, t in

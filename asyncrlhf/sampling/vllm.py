@@ -6,8 +6,15 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
 - Sampling: `SamplingParams(n=k, logprobs=0)` returns each sampled token's log-prob; the engine runs with
   `logprobs_mode="processed_logprobs"`, so that is the log-prob under the distribution the token was drawn
   from: softmax(logits / temperature), truncated by top-k then top-p and renormalised, the definition both
-  backends share (`asyncrlhf.sampling.Completion`). Each call is seeded from `run.seed` and a call counter,
-  so a run's samples are reproducible.
+  backends share (`asyncrlhf.sampling.Completion`). Each call's vLLM seed is drawn from torch's global RNG,
+  as the HF backend's sampling is: the backend seeds it with `run.seed` when built, so a run's samples are
+  reproducible, and a caller that seeds torch (the API's `seed`, `asyncrlhf.serving.openai.engine`) gets the
+  same samples again from the same weights.
+- Scoring (`score_tokens`): the sequences go in as token-id prompts with `prompt_logprobs=top_n` (and the
+  current adapter in a LoRA run, one sequence per engine call there). vLLM's prompt log-probs skip the
+  sampling processors, so they are log softmax(logits) whatever the request's temperature (measured: a
+  temperature of 0.5 moves them by nothing; log softmax(logits / 0.5) differs by 0.4 nats): the model's own
+  distribution, the definition of `Backend.score_tokens` on both backends.
 - Full-weight pushes: the tensors are written to a safetensors file in the backend's work directory and
   every worker loads them through vLLM's own in-place `reload_weights` (`vllm_engine.WeightLoaderExtension`);
   then the prefix cache is reset, since cached KV blocks were computed by the old weights.
@@ -36,7 +43,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.config import Config, LoraConfig, SamplingConfig
-from asyncrlhf.sampling import Completion
+from asyncrlhf.sampling import Completion, TokenScore
 from asyncrlhf.sampling.vllm_engine import (
     engine_settings,
     merged_weights,
@@ -79,11 +86,10 @@ def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.T
 
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
-                 seed: int = 0, pristine: dict[str, torch.Tensor] | None = None):
-        self.llm, self.skeleton, self.lora, self.work_dir, self.seed = llm, skeleton, lora, work_dir, seed
+                 pristine: dict[str, torch.Tensor] | None = None):
+        self.llm, self.skeleton, self.lora, self.work_dir = llm, skeleton, lora, work_dir
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._version = 0
-        self._calls = 0
         self._lora_request: Any = None
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(work_dir), True)
 
@@ -105,7 +111,8 @@ class VLLMBackend:
         pristine = None
         if cfg.learner.lora.enabled and merges_lora(cfg):
             pristine = pristine_targets(model_dir, skeleton, dtype)
-        return cls(llm, skeleton, cfg.learner.lora, work_dir, seed=cfg.run.seed, pristine=pristine)
+        torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine)
 
     @property
     def version(self) -> int:
@@ -141,10 +148,9 @@ class VLLMBackend:
                  sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
 
-        self._calls += 1
         params = SamplingParams(n=k, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k or -1, max_tokens=sampling.max_new_tokens, logprobs=0,
-                                seed=self.seed * 1_000_003 + self._calls)
+                                seed=int(torch.randint(0, 2**62, ()).item()))
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
         return [[self._completion(o) for o in request.outputs] for request in outputs]
@@ -154,6 +160,30 @@ class VLLMBackend:
         ids = list(output.token_ids)
         logps = [step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)]
         return Completion(ids, logps, "stop" if output.finish_reason == "stop" else "length")
+
+    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int) -> list[list[TokenScore]]:
+        """vLLM's prompt log-probs of each sequence (one greedy token generated each, discarded: no random
+        draw, and the sampling parameters do not reach prompt log-probs anyway)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_n, detokenize=False)
+        requests = [{"prompt_token_ids": list(s)} for s in sequences]
+        # vLLM's LoRA logits layer looks adapters up per request, not per prompt token: prompt log-probs of
+        # several requests in one step fail (vllm-project/vllm#29955); one request per call computes them.
+        batches = [[r] for r in requests] if self._lora_request is not None else [requests]
+        outputs = [o for batch in batches
+                   for o in self.llm.generate(batch, params, lora_request=self._lora_request, use_tqdm=False)]
+        return [[self._token_score(step, token, top_n)
+                 for step, token in zip(o.prompt_logprobs[1:], seq[1:], strict=True)]
+                for o, seq in zip(outputs, sequences, strict=True)]
+
+    @staticmethod
+    def _token_score(step: Mapping[int, Any], token: int, top_n: int) -> TokenScore:
+        """One position's {id: Logprob} (the token's own entry, whatever its rank, and the top_n by rank) ->
+        (the token's log-prob, the top_n most likely first)."""
+        top = sorted((entry.rank, token_id, entry.logprob) for token_id, entry in step.items()
+                     if entry.rank <= top_n)
+        return step[token].logprob, [(token_id, logprob) for _, token_id, logprob in top]
 
     def _load_adapter(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         from peft import LoraConfig as PeftLoraConfig

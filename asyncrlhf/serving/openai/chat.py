@@ -41,8 +41,8 @@ def logprobs_of(sampler: ApiSampler, choice: Sampled) -> ChatLogprobs:
         text = sampler.token_text(token_id)
         return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
 
-    tops = [top for _, top in choice.scores[len(choice.scores) - len(choice.token_ids):]] \
-        if choice.scores and choice.token_ids else [[] for _ in choice.token_ids]
+    scores = choice.scores or []
+    tops = [top for _, top in scores[len(scores) - len(choice.token_ids):]]
     return ChatLogprobs(content=[
         TokenLogprob(**entry(i, lp).model_dump(), top_logprobs=[entry(t, tlp) for t, tlp in top])
         for i, lp, top in zip(choice.token_ids, choice.logprobs, tops, strict=True)])
@@ -61,7 +61,7 @@ def router(ctx: ApiContext) -> APIRouter:
         ids = [chat_prompt_ids(ctx.sampler, request)]
         params = Params(max_tokens=request.token_limit, temperature=request.temperature, top_p=request.top_p,
                         seed=request.seed, stops=request.stops,
-                        top_n=request.top_logprobs if request.top_logprobs else None)
+                        top_n=(request.top_logprobs or 0) if request.logprobs else None)
         version, groups = ctx.sampler.sample(ids, request.n, params)
         counted = Usage(**usage(ids, groups))
         identity = ctx.identity("chatcmpl", version)

@@ -37,17 +37,13 @@ def top_dict(sampler: ApiSampler, top: list[tuple[int, float]]) -> dict[str, flo
 
 
 def logprobs_of(sampler: ApiSampler, choice: Sampled, echo: bool) -> CompletionLogprobs:
-    """Per token of (prompt +) completion: its log-prob and the top alternatives; the first prompt token has
-    none (nothing precedes it)."""
+    """Per token of (prompt +) completion: its log-prob and the top alternatives (the scoring pass's,
+    `engine.py` says what they mean); the first prompt token has none (nothing precedes it)."""
     ids = (choice.prompt_ids if echo else []) + choice.token_ids
-    if choice.scores is None:  # logprobs=0 without echo: the log-probs recorded while sampling suffice
-        token_lps: list[float | None] = list(choice.logprobs)
-        tops: list[dict[str, float] | None] = [{} for _ in ids]
-    else:
-        token_lps = [None] + [lp for lp, _ in choice.scores]
-        tops = [None] + [top_dict(sampler, top) for _, top in choice.scores]
-        keep = len(ids)
-        token_lps, tops = token_lps[len(token_lps) - keep:], tops[len(tops) - keep:]
+    scores = choice.scores or []
+    token_lps: list[float | None] = [None] + [lp for lp, _ in scores]
+    tops: list[dict[str, float] | None] = [None] + [top_dict(sampler, top) for _, top in scores]
+    token_lps, tops = token_lps[len(token_lps) - len(ids):], tops[len(tops) - len(ids):]
     tokens = [sampler.token_text(i) for i in ids]
     offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
     return CompletionLogprobs(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops, text_offset=offsets,
@@ -66,10 +62,8 @@ def router(ctx: ApiContext) -> APIRouter:
                                    "stream", param="stream", code="unsupported_parameter")
         sampler = ctx.sampler
         ids, texts = prompt_ids(sampler, request.prompt)
-        wants_scores = request.logprobs is not None and (request.logprobs > 0 or request.echo)
         params = Params(max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
-                        seed=request.seed, stops=request.stops,
-                        top_n=request.logprobs if wants_scores else None)
+                        seed=request.seed, stops=request.stops, top_n=request.logprobs)
         version, groups = sampler.sample(ids, request.n, params)
         counted = Usage(**usage(ids, groups))
         identity = ctx.identity("cmpl", version)

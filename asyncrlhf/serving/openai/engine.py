@@ -2,11 +2,17 @@
 
 - temperature 0 is greedy: sampled as top-k 1 at temperature 1 (deterministic on any backend);
 - a request runs in its own torch RNG stream (`torch.random.fork_rng`), seeded by `seed` or by a fresh random
-  seed, so a seeded request is reproducible and API traffic never shifts the training loop's random stream;
+  seed, so a seeded request is reproducible and API traffic never shifts the training loop's random stream
+  (the HF backend samples from that stream; the vLLM backend draws its engine's seed from it);
 - stop strings are applied to the decoded text: the text ends before the first one, the tokens count up to
   the one that completed it, and the choice finishes with "stop";
-- top-N log-probs and echoed prompt log-probs come from one scoring pass of the backend (`TokenScorer`) under
-  the gate, so they are the same weights version as the sample.
+- every log-prob the API returns (`logprobs`, its top-N alternatives, echoed prompt tokens) is
+  log softmax(logits) under the weights that sampled: the model's own distribution, whatever the request's
+  temperature or top_p (so a greedy token's log-prob is its probability, not 0). It is what vLLM's own
+  server reports by default, and the one definition both backends can give: vLLM's prompt log-probs ignore the
+  sampling parameters (`Backend.score_tokens`). They come from one scoring pass of the backend, under the
+  gate with the sampling, so they are the same weights version as the sample. (The training loop's behaviour
+  log-probs are another quantity: under the distribution actually sampled, `asyncrlhf.sampling.Completion`.)
 
 One request is one batch on the backend, taken through the gate as an "api" batch (`asyncrlhf.serving.gate`
 says how it takes turns with the training loop and weight swaps).
@@ -17,30 +23,16 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
 
 from asyncrlhf.config import SamplingConfig
-from asyncrlhf.sampling import Backend, Finish
+from asyncrlhf.sampling import Backend, Finish, TokenScore
 from asyncrlhf.serving.gate import BackendGate, GateBusy
 from asyncrlhf.serving.openai.errors import OpenAIError
 
 # Below this, logits / temperature overflows float32 and sampling is greedy in all but name anyway.
 MIN_TEMPERATURE = 1e-3
-
-TopN = list[tuple[int, float]]
-
-
-@runtime_checkable
-class TokenScorer(Protocol):
-    """A backend that can score sequences: what integer `logprobs` and `echo` need."""
-
-    def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int,
-                     temperature: float) -> list[list[tuple[float, TopN]]]:
-        """For each sequence, for each position t >= 1: (log p(token_t | prefix), the top_n (id, log-prob)
-        at t), under softmax(logits / temperature)."""
-
 
 @dataclass(frozen=True)
 class Params:
@@ -49,19 +41,20 @@ class Params:
     top_p: float
     seed: int | None
     stops: list[str]
-    top_n: int | None = None  # None: no per-token scoring pass
+    top_n: int | None = None  # None: no log-probs asked for (no scoring pass); 0: only the tokens' own
 
 
 @dataclass
 class Sampled:
-    """One choice. `scores[t]` covers prompt + completion position t + 1 (when scored)."""
+    """One choice. `scores[t]` covers prompt + completion position t + 1 (when log-probs were asked for;
+    `logprobs` are then the completion's scores)."""
 
     prompt_ids: list[int]
     token_ids: list[int]
     text: str
     finish: Finish
     logprobs: list[float]
-    scores: list[tuple[float, TopN]] | None = field(default=None)
+    scores: list[TokenScore] | None = field(default=None)
 
 
 class ApiSampler:
@@ -84,10 +77,6 @@ class ApiSampler:
         """(the weights version that sampled, out[i][j]: the j-th choice of prompts[i])."""
         for ids in prompts:
             self.check_prompt(ids)
-        if params.top_n and not isinstance(self.backend, TokenScorer):
-            raise OpenAIError(400, f"logprobs > 0 (top alternatives) is not served by the "
-                                   f"{type(self.backend).__name__} backend: ask for logprobs=0",
-                              param="logprobs", code="unsupported_parameter")
         greedy = params.temperature < MIN_TEMPERATURE
         sampling = SamplingConfig(temperature=1.0 if greedy else params.temperature,
                                   top_p=1.0 if greedy else params.top_p, top_k=1 if greedy else 0,
@@ -103,8 +92,8 @@ class ApiSampler:
                     groups = self.backend.generate(prompts, n, sampling)
                 choices = [[self._finish(p, c.token_ids, c.logprobs, c.finish, params) for c in group]
                            for p, group in zip(prompts, groups, strict=True)]
-                if params.top_n is not None and isinstance(self.backend, TokenScorer):
-                    self._score(choices, params.top_n, sampling.temperature)
+                if params.top_n is not None:
+                    self._score(choices, params.top_n)
         except GateBusy as err:
             raise OpenAIError(429, f"the generator is busy ({err}); retry later", code="busy",
                               retry_after_s=1) from err
@@ -121,10 +110,9 @@ class ApiSampler:
             tokens, logprobs, finish = tokens[:k], logprobs[:k], "stop"
         return Sampled(prompt, tokens, text, finish, logprobs)
 
-    def _score(self, choices: list[list[Sampled]], top_n: int, temperature: float) -> None:
+    def _score(self, choices: list[list[Sampled]], top_n: int) -> None:
         flat = [c for group in choices for c in group]
-        scored = self.backend.score_tokens([c.prompt_ids + c.token_ids for c in flat],  # type: ignore[attr-defined]
-                                           top_n, temperature)
+        scored = self.backend.score_tokens([c.prompt_ids + c.token_ids for c in flat], top_n)
         for choice, scores in zip(flat, scored, strict=True):
             choice.scores = scores
             if choice.token_ids:

@@ -29,8 +29,8 @@ class SamplingRequest(BaseModel):
     model: str = Field(description="The served model's id (GET /v1/models); another answers 404.")
     n: int = Field(1, ge=1, le=16, description="Choices per prompt.")
     temperature: float = Field(1.0, ge=0, le=100,
-                               description="0: greedy (deterministic). Log-probs use the temperature "
-                                           "sampled with (1 when greedy).")
+                               description="0: greedy (deterministic). Log-probs are the model's own "
+                                           "distribution's, whatever the temperature and top_p.")
     top_p: float = Field(1.0, gt=0, le=1.0)
     seed: int | None = Field(None, description="Same seed, same request, same weights: same completions.")
     stop: str | list[str] | None = Field(

@@ -1,19 +1,22 @@
 """The official `openai` client against the generator's HTTP app served over real HTTP (uvicorn), on the
-tiny model with the HF backend: every parameter the issue lists, checked through the client's own types."""
+tiny model with each backend: HF, and vLLM (its CPU build here: `model.tiny.heads=2`, fp32, one engine for
+the module). Every parameter the issue lists, checked through the client's own types."""
 
 from __future__ import annotations
 
 import httpx
 import openai
 import pytest
+import torch
 
-from asyncrlhf.config import load_config
+from asyncrlhf.config import SamplingConfig, load_config
 from asyncrlhf.models import load_policy, load_tokenizer
-from asyncrlhf.sampling.hf import HFBackend
+from asyncrlhf.sampling import create_backend
 from asyncrlhf.service import HttpServer
 from asyncrlhf.serving.gate import BackendGate
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
+from tests.integration.vllm.helpers import PARITY_ATOL, reference_logprobs, vllm_config
 
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret"
@@ -21,10 +24,11 @@ MODEL = "tiny"
 
 
 class Served:
-    def __init__(self, version: int):
-        self.cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu", f"run.token={TOKEN}"])
+    def __init__(self, backend: str, cache_dir, version: int):
+        self.cfg = vllm_config(cache_dir, f"run.token={TOKEN}") if backend == "vllm" else load_config(
+            ["configs/tiny.yaml"], ["generator.device=cpu", f"run.token={TOKEN}"])
         self.tokenizer = load_tokenizer(self.cfg.model)
-        self.backend = HFBackend.from_config(self.cfg, self.tokenizer)
+        self.backend = create_backend(self.cfg, self.tokenizer)
         if version:
             self.backend.apply_weights(load_policy(self.cfg.model).state_dict(), version=version)
         self.gate = BackendGate()
@@ -33,12 +37,18 @@ class Served:
         self.http = HttpServer(app, "127.0.0.1", 0).start()
         self.client = openai.OpenAI(base_url=f"{self.http.url}/v1", api_key=TOKEN, max_retries=0)
 
+    def close(self) -> None:
+        self.http.stop()
+        close = getattr(self.backend, "close", None)  # the vLLM engine's processes
+        if close is not None:
+            close()
 
-@pytest.fixture(scope="module")
-def served():
-    s = Served(version=5)
+
+@pytest.fixture(scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def served(request, tmp_path_factory):
+    s = Served(request.param, tmp_path_factory.mktemp("models"), version=5)
     yield s
-    s.http.stop()
+    s.close()
 
 
 def greedy(client, prompt="hello", **kw):
@@ -77,11 +87,27 @@ def test_temperature_zero_is_greedy_and_deterministic(served):
 
 def test_a_seed_reproduces_a_sample_and_another_seed_differs(served):
     def sample(seed):
-        return served.client.completions.create(model=MODEL, prompt="hello", max_tokens=16, seed=seed,
-                                                temperature=1.0).choices[0].text
+        return [c.text for c in served.client.completions.create(
+            model=MODEL, prompt="hello", max_tokens=16, seed=seed, temperature=1.0, n=2).choices]
 
     assert sample(7) == sample(7)
     assert sample(7) != sample(8)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.6, 0.8)])
+def test_logprobs_are_the_models_own_at_any_temperature(served, temperature, top_p):
+    """log softmax(logits) of each sampled token under the served weights, recomputed here with HF, whatever
+    the request's temperature and top_p; logprobs=0 and logprobs=2 agree."""
+    reference = load_policy(served.cfg.model).eval()  # the weights pushed as version 5
+    prompt = served.tokenizer("hello")["input_ids"]
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=temperature, top_p=top_p, seed=3)
+    plain, top = (served.client.completions.create(**kw, logprobs=n).choices[0].logprobs for n in (0, 2))
+    assert plain.token_ids == top.token_ids
+    expected = reference_logprobs(reference, prompt, plain.token_ids, SamplingConfig(temperature=1.0))
+    for lp in (plain, top):
+        assert (torch.tensor(lp.token_logprobs) - expected).abs().max().item() <= PARITY_ATOL
+    for alternatives, chosen in zip(top.top_logprobs, top.token_logprobs, strict=True):
+        assert 1 <= len(alternatives) <= 2 and max(alternatives.values()) >= chosen
 
 
 def test_stop_strings_end_the_text_before_them(served):
@@ -176,11 +202,11 @@ def test_a_wrong_token_is_401_and_a_full_queue_is_429(served):
         served.gate.max_api_waiting = 8
 
 
-def test_no_weights_yet_is_503():
-    s = Served(version=0)
+def test_no_weights_yet_is_503(tmp_path):
+    s = Served("hf", tmp_path, version=0)
     try:
         with pytest.raises(openai.InternalServerError, match="no weights yet") as err:
             greedy(s.client)
         assert err.value.status_code == 503
     finally:
-        s.http.stop()
+        s.close()

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from asyncrlhf.config import Config, SamplingConfig, load_config
-from asyncrlhf.sampling.hf import sampling_log_softmax
+from asyncrlhf.sampling import TokenScore
+from asyncrlhf.sampling.hf import HFBackend, sampling_log_softmax
 
 # The tiny model with head size 32 (64 / 2), one vLLM's CPU attention supports; fp32 like the learner.
 OVERRIDES = ["model.tiny.heads=2", "model.dtype=float32", "generator.backend=vllm", "generator.device=cpu",
@@ -18,6 +19,12 @@ PARITY_ATOL = 1e-3  # nats per token
 
 def vllm_config(cache_dir, *extra: str) -> Config:
     return load_config(["configs/tiny.yaml"], [f"model.cache_dir={cache_dir}", *OVERRIDES, *extra])
+
+
+def hf_backend(cfg: Config, tokenizer) -> HFBackend:
+    """The HF backend of the same config: the weights (and LoRA wrapping) the vLLM engine starts with."""
+    return HFBackend.from_config(cfg.model_copy(update={"generator": cfg.generator.model_copy(
+        update={"backend": "hf"})}), tokenizer)
 
 
 @torch.no_grad()
@@ -36,4 +43,18 @@ def max_gap(model, prompts, groups, sampling) -> float:
         for c in group:
             expected = reference_logprobs(model, prompt, c.token_ids, sampling)
             gaps.append((torch.tensor(c.logprobs) - expected).abs().max().item())
+    return max(gaps)
+
+
+def score_gap(ours: list[list[TokenScore]], theirs: list[list[TokenScore]]) -> float:
+    """Largest per-token gap between two backends' `score_tokens` answers for the same sequences: over each
+    token's log-prob and each top-n alternative's (an alternative that only one side lists must be a tie at
+    the edge of the other's top n: within the gap of its last entry)."""
+    gaps = [0.0]
+    for seq_a, seq_b in zip(ours, theirs, strict=True):
+        for (lp_a, top_a), (lp_b, top_b) in zip(seq_a, seq_b, strict=True):
+            assert len(top_a) == len(top_b)
+            gaps.append(abs(lp_a - lp_b))
+            b = dict(top_b)
+            gaps += [abs(lp - b.get(i, top_b[-1][1])) for i, lp in top_a]
     return max(gaps)

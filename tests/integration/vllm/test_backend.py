@@ -1,6 +1,6 @@
-"""The vLLM backend on a real engine (vLLM's CPU build here): generation, log-prob parity with the HF
-backend, full-weight pushes through the real WeightSync gRPC path, and a refused push. One engine for the
-module (eager: it starts in tens of seconds on CPU)."""
+"""The vLLM backend on a real engine (vLLM's CPU build here): generation seeded by torch's RNG, log-prob and
+`score_tokens` parity with the HF backend, full-weight pushes through the real WeightSync gRPC path, and a
+refused push. One engine for the module (eager: it starts in tens of seconds on CPU)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import torch
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
-from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, vllm_config
+from tests.integration.vllm.helpers import PARITY_ATOL, hf_backend, max_gap, score_gap, vllm_config
 from tests.unit.generator.peaked import perturbed_state_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -49,9 +48,15 @@ def weightsync(engine):
     server.stop(0)
 
 
+def seeded(backend, prompts, seed: int, sampling: SamplingConfig) -> list[list[list[int]]]:
+    torch.manual_seed(seed)
+    return [[c.token_ids for c in g] for g in backend.generate(prompts, 3, sampling)]
+
+
 def test_k_samples_with_logprobs_finish_reasons_and_reproducible_seeds(engine):
     cfg, _, backend, prompts = engine
     sampling = SAMPLINGS["t1"]
+    torch.manual_seed(5)
     groups = backend.generate(prompts, 3, sampling)
     assert [len(g) for g in groups] == [3, 3]
     for c in (c for g in groups for c in g):
@@ -59,9 +64,9 @@ def test_k_samples_with_logprobs_finish_reasons_and_reproducible_seeds(engine):
         assert all(lp < 0 for lp in c.logprobs)
         assert c.finish == ("length" if len(c.token_ids) == sampling.max_new_tokens else "stop")
     assert len({tuple(c.token_ids) for c in groups[0]}) > 1, "k samples of one prompt should differ"
-    backend._calls -= 1  # the same call again: the same per-call seed, the same samples
-    assert [[c.token_ids for c in g] for g in backend.generate(prompts, 3, sampling)] == \
-        [[c.token_ids for c in g] for g in groups]
+    # each call's vLLM seed is drawn from torch's RNG: the same torch seed, the same samples; another, others
+    assert seeded(backend, prompts, 5, sampling) == [[c.token_ids for c in g] for g in groups]
+    assert seeded(backend, prompts, 6, sampling) != seeded(backend, prompts, 5, sampling)
 
 
 @pytest.mark.parametrize("name", list(SAMPLINGS))
@@ -76,11 +81,25 @@ def test_logprobs_match_the_hf_backend(engine, name):
 def test_hf_backend_returns_the_same_definition_with_top_k_and_top_p(engine):
     cfg, tokenizer, _, prompts = engine
     sampling = SAMPLINGS["t0.8-topk5-topp0.9"]
-    hf = HFBackend.from_config(cfg.model_copy(update={"generator": cfg.generator.model_copy(
-        update={"backend": "hf"})}), tokenizer)
+    hf = hf_backend(cfg, tokenizer)
     reference = load_policy(cfg.model).eval()
     groups = hf.generate(prompts, 4, sampling)
     assert max_gap(reference, prompts, groups, sampling) <= 1e-5
+
+
+@pytest.mark.parametrize("top_n", [0, 5])
+def test_score_tokens_match_the_hf_backend(engine, top_n):
+    """Prompt + completion scored by both backends: the model's own log-probs, the same top-n."""
+    cfg, tokenizer, backend, prompts = engine
+    assert backend.version == 0
+    hf = hf_backend(cfg, tokenizer)
+    groups = backend.generate(prompts, 2, SAMPLINGS["t1"])
+    sequences = [p + c.token_ids for p, g in zip(prompts, groups, strict=True) for c in g] + [prompts[0][:1]]
+    ours = backend.score_tokens(sequences, top_n)
+    assert [len(s) for s in ours] == [len(s) - 1 for s in sequences]
+    assert all(len(top) == top_n for s in ours for _, top in s)
+    assert all(top[0][1] >= lp for s in ours for lp, top in s if top)  # most likely first
+    assert score_gap(ours, hf.score_tokens(sequences, top_n)) <= PARITY_ATOL
 
 
 def test_full_push_through_weightsync_changes_what_the_engine_computes(engine, weightsync):

@@ -1,7 +1,7 @@
 """LoRA pushes into a real vLLM engine (vLLM's CPU build here), served by vLLM's LoRA kernels and folded into
 the weights (`generator.vllm.merge_lora`, the CPU default): adapter versions 1, 2, 3 each give the log-probs
-HF + PEFT give with that adapter; the previous adapter is unloaded and its files deleted; closing the backend
-deletes the rest."""
+HF + PEFT give with that adapter, sampling and scoring (`score_tokens`, what the API's log-probs are); the
+previous adapter is unloaded and its files deleted; closing the backend deletes the rest."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.weights.codec import adapter_tensors
-from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, vllm_config
+from tests.integration.vllm.helpers import PARITY_ATOL, hf_backend, max_gap, score_gap, vllm_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 SAMPLING = SamplingConfig(temperature=0.9, max_new_tokens=6)
@@ -32,6 +32,7 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
                       f"generator.vllm.merge_lora={str(merge).lower()}")
     tokenizer = load_tokenizer(cfg.model)
     backend = VLLMBackend.from_config(cfg, tokenizer)
+    hf = hf_backend(cfg, tokenizer)
     try:
         prompts = encode_prompts(tokenizer, ["hello", "a longer prompt than that"], cfg.model)
         reference = load_policy(cfg.model, lora=cfg.learner.lora).eval()
@@ -44,6 +45,9 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
             groups = backend.generate(prompts, 3, SAMPLING)
             assert backend.version == version
             assert max_gap(reference, prompts, groups, SAMPLING) <= PARITY_ATOL
+            hf.apply_weights(adapter, version)
+            sequences = [p + c.token_ids for p, g in zip(prompts, groups, strict=True) for c in g]
+            assert score_gap(backend.score_tokens(sequences, 3), hf.score_tokens(sequences, 3)) <= PARITY_ATOL
             if previous is not None:  # what the last version's samples score now: a different adapter
                 assert max_gap(reference, prompts, previous, SAMPLING) > 0.05
             previous = groups
