@@ -158,8 +158,8 @@ def _receivers(params: int, conn) -> None:
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))
     conn.recv()
-    server.stop(0)
-    bare_server.stop(0)
+    server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
+    bare_server.stop(0).wait(10)
 
 
 def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float]:
