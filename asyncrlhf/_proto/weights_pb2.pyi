@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -27,7 +27,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class WeightChunk(_message.Message):
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RELAY_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FANOUT_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: DType
@@ -54,7 +56,17 @@ class WeightChunk(_message.Message):
     lineage: int
     shm_segment: str
     shm_offset: int
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ...) -> None: ...
+    relay_targets: _containers.RepeatedCompositeFieldContainer[RelayTarget]
+    relay_fanout: int
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ...) -> None: ...
+
+class RelayTarget(_message.Message):
+    __slots__ = ("id", "address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    address: str
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("version", "tensor_count", "bytes", "apply_seconds", "lineage")
@@ -75,15 +87,17 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host")
+    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host", "relaying")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     SHM_HOST_FIELD_NUMBER: _ClassVar[int]
+    RELAYING_FIELD_NUMBER: _ClassVar[int]
     version: int
     updated_at: float
     tensor_count: int
     lineage: int
     shm_host: str
-    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ...) -> None: ...
+    relaying: bool
+    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ..., relaying: _Optional[bool] = ...) -> None: ...

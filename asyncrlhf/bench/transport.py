@@ -10,6 +10,11 @@
 3. The same-host path (`bench.weightplane`): the shared-memory push to one generator process against one
    memcpy of the same bytes (target >= 0.5x), a push to two generator processes against one (<= 1.2x), and
    `step_to_serve_s`: from a finished step's weights to both generators serving them.
+4. The relay (`bench.relayplane`): versions pushed through the relay tree (fanout 2) to 16 light receivers
+   on loopback, the pusher seeing no shared memory, as across hosts: `relay_learner_bytes_ratio`, the
+   learner's tensor bytes per version over the model's (target <= 2, whatever the number of receivers), and
+   `relay_last_commit_s`, from the push's start to the last receiver's commit (every receiver shares this
+   machine's cores: on a small machine the bytes are the figure that holds).
 
 Each pair runs alternating; the median of `--repeats` is reported. Both weight receivers (ours and the bare
 byte sink) run in one child process and the pushers in this one, as a generator and the learner do.
@@ -31,6 +36,7 @@ import redis
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.bench.relayplane import bench_relay
 from asyncrlhf.bench.weightplane import Tensors, bench_local, state_dict
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis
@@ -152,8 +158,8 @@ def _receivers(params: int, conn) -> None:
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))
     conn.recv()
-    server.stop(0)
-    bare_server.stop(0)
+    server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
+    bare_server.stop(0).wait(10)
 
 
 def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float]:
@@ -191,6 +197,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--params", type=int, default=100_000_000, help="parameters in the pushed state dict")
     parser.add_argument("--chunk-bytes", type=int, default=4 << 20,
                         help="WeightChunk size (and the bare chunk size)")
+    parser.add_argument("--relay-params", type=int, default=10_000_000,
+                        help="parameters in the state dict pushed through the relay tree")
+    parser.add_argument("--relay-receivers", type=int, default=16, help="light receivers in the relay tree")
     parser.add_argument("--repeats", type=int, default=5,
                         help="runs of each side, at least 2; the median is reported (pushes: not the first)")
     args = parser.parse_args(argv)
@@ -200,11 +209,14 @@ def main(argv: Sequence[str]) -> int:
     groups_per_s, bare_groups = bench_streams(args.groups, args.batch, args.repeats)
     push_gbps, bare_gbps = bench_push(args.params, args.chunk_bytes, args.repeats)
     local = bench_local(args.params, args.repeats)
+    relay = bench_relay(args.relay_params, min(args.repeats, 3), args.relay_receivers)
     result = {"groups_per_s": groups_per_s, "bare_groups_per_s": bare_groups,
               "push_gbps": push_gbps, "bare_grpc_gbps": bare_gbps,
               "shm_push_gbps": local.shm_push_gbps, "memcpy_gbps": local.memcpy_gbps,
               "two_generators_time_ratio": local.two_generators_time_ratio,
-              "step_to_serve_s": local.step_to_serve_s}
+              "step_to_serve_s": local.step_to_serve_s,
+              "relay_learner_bytes_ratio": relay.learner_bytes_ratio,
+              "relay_last_commit_s": relay.last_commit_s}
     if args.json:
         print(json.dumps(result))
         return 0
@@ -218,6 +230,8 @@ def main(argv: Sequence[str]) -> int:
           f"       ratio {shm_ratio:.2f} (target >= 0.50)")
     print(f"fan-out   two generators / one: {local.two_generators_time_ratio:.2f} (target <= 1.20)   "
           f"step_to_serve_s {local.step_to_serve_s:.3f}")
+    print(f"relay     {args.relay_receivers} receivers: learner bytes / model "
+          f"{relay.learner_bytes_ratio:.2f} (target <= 2.00)   last commit {relay.last_commit_s:.3f} s")
     return 0
 
 

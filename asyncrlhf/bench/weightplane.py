@@ -52,7 +52,7 @@ def _generator(params: int, conn) -> None:
     server, port = serve(receiver, token=TOKEN)
     conn.send(port)
     conn.recv()
-    server.stop(0)
+    server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
 
 
 @contextmanager

@@ -119,6 +119,11 @@ class LearnerBase(Section):
     push_max_failures: int = Field(
         20, ge=1, description="Transient push failures in a row to a live generator before the learner stops."
     )
+    relay_fanout: int = Field(
+        0, ge=0, description="0: the learner streams each version to every generator. k: generators relay it "
+        "in a tree (the learner streams to k, each that has committed forwards to at most k more), so the "
+        "learner's upload stays about k versions; same-host generators keep shared memory (docs/weights.md)."
+    )
     checkpoint_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     data_epochs: int = Field(1000, ge=1, description="Passes over the prompt set before stopping.")

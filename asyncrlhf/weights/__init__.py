@@ -10,6 +10,8 @@ atomically. One module per concern:
     shm.py       the same-host data plane: the pusher's /dev/shm segment, written once per version, and the
                  receiver's read-only view of it (docs/weights.md: where CUDA IPC / NCCL slot in)
     stream.py    the cross-host byte stream of a version, encoded once for every streamed target
+    relay.py     relays: the tree (`plan`), a generator forwarding what it committed (`Relay`), and the
+                 learner following the tree and pushing around a failed relay (`TreePush`)
 
 The names below are the package's API; code inside the package imports from the owning module.
 """
@@ -17,6 +19,7 @@ The names below are the package's API; code inside the package imports from the 
 from asyncrlhf.weights.codec import adapter_tensors, prepare
 from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import ModuleTarget, PushRejected, WeightReceiver, WeightTarget, swap_in
+from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
 
 __all__ = [
@@ -24,6 +27,7 @@ __all__ = [
     "PushOutcome",
     "PushRejected",
     "PushTarget",
+    "Relay",
     "WeightPusher",
     "WeightReceiver",
     "WeightTarget",

@@ -43,6 +43,7 @@ class WireTensor:
     shape: tuple[int, ...]
     data: memoryview  # raw bytes, C order
     tensor: torch.Tensor  # keeps `data` alive
+    checksum: int | None = None  # XXH3-64 of `data` if known (a relay forwards it): sent, not recomputed
 
 
 def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) -> WireTensor:
@@ -83,21 +84,33 @@ def encoded_chunks(
 ) -> Iterator[bytes]:
     """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices, then the commit message.
     Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
-    hashed while it is in cache) and sent on its last slice."""
+    hashed while it is in cache) and sent on its last slice; a tensor whose checksum is known already (a
+    relay forwarding what it verified) sends that one, so its receivers check the learner's checksum."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
     for t in tensors:
-        nbytes, digest = t.data.nbytes, xxhash.xxh3_64()
+        nbytes = t.data.nbytes
+        digest = xxhash.xxh3_64() if t.checksum is None else None
         for offset in range(0, max(nbytes, 1), chunk_bytes):
             piece = t.data[offset:offset + chunk_bytes]
-            digest.update(piece)
+            if digest is not None:
+                digest.update(piece)
             last = offset + chunk_bytes >= nbytes
+            checksum = (t.checksum if digest is None else digest.intdigest()) if last else 0
             header = pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype,
-                                    shape=t.shape, offset=offset, checksum=digest.intdigest() if last else 0)
+                                    shape=t.shape, offset=offset, checksum=checksum)
             yield encode_chunk(header, piece)
-    commit = pb.WeightChunk(version=version, lineage=lineage, commit=True, tensor_count=len(tensors),
-                            partial=partial)
-    yield commit.SerializeToString()
+    yield commit_message(version, lineage, len(tensors), partial).SerializeToString()
+
+
+def commit_message(version: int, lineage: int, tensor_count: int, partial: bool,
+                   relay: Sequence[tuple[str, str]] = (), relay_fanout: int = 0) -> pb.WeightChunk:
+    """The final message of a push; `relay`: the (id, address) of the generators the receiver forwards the
+    version to once it is committed, `relay_fanout` at a time (`relay.py`)."""
+    return pb.WeightChunk(
+        version=version, lineage=lineage, commit=True, tensor_count=tensor_count, partial=partial,
+        relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
+        relay_fanout=relay_fanout if relay else 0)
 
 
 def chunks(

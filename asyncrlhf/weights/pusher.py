@@ -8,10 +8,17 @@ the bytes through the pusher's shared-memory segment (`shm`: written once per ve
 removed at `close`) and only control messages over gRPC; the others get
 one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all
 of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then on.
+
+With `relay_fanout` k > 0 the streamed targets form a relay tree (`relay.py`): the pusher streams to k of
+them, and each generator that commits the version forwards it to its part of the tree, so this pusher's
+upload stays about k versions whatever the number of targets; it waits for every relayed target to serve the
+version and pushes directly to any whose relay failed. `send` is one round of pushes, each target's commit
+message carrying its part of the tree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,7 +32,7 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, encoded_chunks, prepare
+from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, commit_message, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
 from asyncrlhf.weights.shm import ShmPublication, ShmSegment, layout, shm_host, sweep_stale
 from asyncrlhf.weights.stream import EncodedOnce
@@ -49,7 +56,8 @@ class PushOutcome:
     detail: str
     version: int  # the version the target now serves, when ok
     seconds: float
-    bytes: int
+    bytes: int  # tensor bytes this pusher sent the target (0: it got the version from a relay)
+    relayed_by: str = ""  # the id of the generator that forwarded the version to it ("": this pusher did)
 
 
 PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target whether it shares our shared memory
@@ -94,9 +102,23 @@ def _shm_requests(publication: ShmPublication, partial: bool, timeout_s: float) 
     commit."""
     for i in range(len(publication.tensors)):
         yield publication.control(i, timeout_s).SerializeToString()
-    commit = pb.WeightChunk(version=publication.version, lineage=publication.lineage, commit=True,
-                            tensor_count=len(publication.tensors), partial=partial)
+    commit = commit_message(publication.version, publication.lineage, len(publication.tensors), partial)
     yield commit.SerializeToString()
+
+
+def _with_commit(requests: Iterator[bytes], commit: bytes) -> Iterator[bytes]:
+    """`requests` with its last message (the commit) replaced by `commit`: one target's own commit (its relay
+    plan) after the chunks every target shares."""
+    held: bytes | None = None
+    for request in requests:
+        if held is not None:
+            yield held
+        held = request
+    yield commit
+
+
+# A target -> the targets it relays the version to once committed (its part of the tree), or none.
+RelayPlan = Mapping[PushTarget, Sequence[PushTarget]]
 
 
 class WeightPusher:
@@ -105,10 +127,13 @@ class WeightPusher:
     def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
                  dtype: str | None = "float32", timeout_s: float = 60.0,
                  credentials: grpc.ChannelCredentials | None = None,
-                 channel_options: Sequence[tuple[str, str]] = (), shm: bool = True):
+                 channel_options: Sequence[tuple[str, str]] = (), shm: bool = True, relay_fanout: int = 0):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
+        if relay_fanout < 0:
+            raise ValueError(f"relay_fanout must be >= 0 (0: no relay), got {relay_fanout}")
         self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
+        self.relay_fanout = relay_fanout
         self._metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
@@ -122,13 +147,14 @@ class WeightPusher:
 
     @classmethod
     def from_config(cls, cfg) -> WeightPusher:
-        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s."""
+        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s /
+        relay_fanout."""
         from asyncrlhf.weights.tls import channel_credentials, channel_options
 
         tls = cfg.run.grpc_tls
         return cls(cfg.run.token, chunk_bytes=cfg.learner.push_chunk_bytes, dtype=cfg.learner.push_dtype,
                    timeout_s=cfg.learner.push_timeout_s, credentials=channel_credentials(tls),
-                   channel_options=channel_options(tls))
+                   channel_options=channel_options(tls), relay_fanout=cfg.learner.relay_fanout)
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
              *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
@@ -139,20 +165,45 @@ class WeightPusher:
 
     def push_prepared(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget],
                       *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
+        if self.relay_fanout:
+            from asyncrlhf.weights.relay import TreePush  # relay.py builds on this module
+
+            return TreePush(self, tensors, version, partial, lineage).run(targets)
+        return self.send(tensors, version, targets, partial=partial, lineage=lineage)
+
+    def paths(self, targets: Sequence[PushTarget]) -> list[str]:
+        """How a push reaches each target: "shm", "stream" or "unreachable:<code>" (see `_path`)."""
         if not targets:
             return []
+        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-probe") as pool:
+            return list(pool.map(self._path, [t.address for t in targets]))
+
+    def send(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget], *,
+             partial: bool = False, lineage: int = 0, relay: RelayPlan | None = None, relay_fanout: int = 0,
+             paths: Sequence[str] | None = None) -> list[PushOutcome]:
+        """One round: push to every target concurrently, no relay tree of its own; a target in `relay` is
+        asked to forward the version, once committed, to its targets there, `relay_fanout` at a time.
+        `paths`: from `paths(targets)`, when known."""
+        if not targets:
+            return []
+        relay = relay or {}
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
-            paths = list(pool.map(self._path, [t.address for t in targets]))
-            streamed = paths.count("stream")
-            with self._segment_lock:  # one version in the segment at a time
-                segment = self._publish_locally(tensors, version, lineage) if "shm" in paths else None
+            if paths is None:
+                paths = list(pool.map(self._path, [t.address for t in targets]))
+            streamed, local = paths.count("stream"), "shm" in paths
+            # one version in the segment at a time; pushes that do not use it run side by side
+            with self._segment_lock if local else contextlib.nullcontext():
+                segment = self._publish_locally(tensors, version, lineage) if local else None
                 shared = EncodedOnce(tensors, version, self.chunk_bytes, partial, lineage=lineage) \
                     if streamed > 1 else None
                 try:
-                    futures = [
-                        pool.submit(self._push_one, tensors, version, t, partial, path, segment, shared,
-                                    lineage)
-                        for t, path in zip(targets, paths, strict=True)]
+                    futures = []
+                    for t, path in zip(targets, paths, strict=True):
+                        below = [(b.id, b.address) for b in relay.get(t, ())]
+                        commit = commit_message(version, lineage, len(tensors), partial, below,
+                                                relay_fanout).SerializeToString() if below else None
+                        futures.append(pool.submit(self._push_one, tensors, version, t, partial, path,
+                                                   segment, shared, lineage, commit))
                     return [f.result() for f in futures]
                 finally:
                     if segment is not None:
@@ -192,6 +243,7 @@ class WeightPusher:
     def _push_one(
         self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool, path: str,
         segment: ShmPublication | None, shared: EncodedOnce | None, lineage: int = 0,
+        commit: bytes | None = None,
     ) -> PushOutcome:
         start = time.perf_counter()
         if path.startswith("unreachable:"):  # "unreachable:<the status code GetStatus got>"
@@ -205,13 +257,16 @@ class WeightPusher:
             requests = shared.reader()
         else:
             requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, lineage))
+        if commit is not None:
+            requests = _with_commit(requests, commit)
         try:
             reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code()
             if path == "shm" and (err.details() or "").startswith("shm_unavailable"):
                 self._local[target.address] = False  # it does not see our segments: stream to it
-                return self._push_one(tensors, version, target, partial, "stream", None, None, lineage)
+                return self._push_one(tensors, version, target, partial, "stream", None, None, lineage,
+                                      commit)
             status: PushStatus = "unreachable" if code in _UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)

@@ -24,7 +24,7 @@ import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import FROM_WIRE
+from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor
 from asyncrlhf.weights.shm import SegmentReader
 
 Reason = Literal[
@@ -116,6 +116,10 @@ class PushResult:
     bytes: int
     apply_seconds: float
     lineage: int = 0
+    partial: bool = False
+    # The committed tensors as received (wire dtype, the checksums verified), in the order sent: what a relay
+    # forwards. Their bytes stay as committed only while the receiver is held (`WeightReceiver.hold`).
+    tensors: tuple[WireTensor, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,11 @@ class _Staging:
         if self._pending is not None:
             self._pending.result()
 
+    def wire(self) -> WireTensor:
+        """The verified tensor as it came over the wire, with its checksum (after `finish`)."""
+        data = memoryview(self._view)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
+        return WireTensor(self.name, TO_WIRE[self.dtype], self.shape, data, self.buffer, self.checksum)
+
     def finish(self) -> torch.Tensor:
         self.wait()
         if self.filled != self.nbytes or self.checksum is None:
@@ -175,7 +184,8 @@ class _Staging:
 class WeightReceiver:
     """Stages pushes and applies each atomically on commit; pushes are handled one at a time. Staging
     buffers are kept between pushes (a second copy of the pushed tensors in CPU memory), so a push does
-    not pay for fresh allocations."""
+    not pay for fresh allocations — except while the receiver is held (`hold`): a relay is reading the
+    committed version's bytes, so pushes stage into fresh buffers until it is done."""
 
     def __init__(self, target: WeightTarget, version: int = 0, lineage: int = 0,
                  on_lineage: Callable[[int], None] | None = None):
@@ -187,10 +197,23 @@ class WeightReceiver:
         self.updated_at = 0.0
         self._lock = threading.Lock()
         self._buffers: dict[str, torch.Tensor] = {}
+        self._holds = 0
+        self._holds_lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
 
     def status(self) -> ReceiverStatus:
         return ReceiverStatus(self.version, self.updated_at, len(self.target.named_tensors()), self.lineage)
+
+    def hold(self) -> None:
+        """Keep the bytes of the version being received (or last committed) as they are until `release`: the
+        `tensors` of its `PushResult` stay valid. May be called from inside `receive` (while consuming the
+        messages)."""
+        with self._holds_lock:
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._holds_lock:
+            self._holds -= 1
 
     def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
         """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
@@ -199,8 +222,12 @@ class WeightReceiver:
             return self._receive(segments.resolve(_as_pairs(messages)))
 
     def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]]) -> PushResult:
+        with self._holds_lock:
+            if self._holds:  # a relay still reads the buffers of a version: stage into new ones
+                self._buffers = {}
         live = self.target.named_tensors()
         staged: dict[str, torch.Tensor] = {}
+        done: list[_Staging] = []
         current: _Staging | None = None
         version: int | None = None
         received = 0
@@ -210,10 +237,12 @@ class WeightReceiver:
                 if header.commit:
                     if current is not None:
                         staged[current.name] = current.finish()
-                    return self._commit(header, live, staged, received)
+                        done.append(current)
+                    return self._commit(header, live, staged, received, done)
                 if current is None or header.name != current.name:
                     if current is not None:
                         staged[current.name] = current.finish()
+                        done.append(current)
                     current = self._start(header, live, staged)
                 current.add(header, data)
                 received += len(data)
@@ -262,7 +291,8 @@ class WeightReceiver:
         return _Staging(header, buffer, self._worker)
 
     def _commit(
-        self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int
+        self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int,
+        done: list[_Staging],
     ) -> PushResult:
         if header.tensor_count != len(staged):
             raise PushRejected("tensor_count",
@@ -279,4 +309,5 @@ class WeightReceiver:
         for name, old in replaced.items():  # adopted buffers are live now; stage the next push into these
             self._buffers[name] = old.detach().reshape(-1).view(torch.uint8)
         self.version, self.lineage, self.updated_at = header.version, self._lineage, time.time()
-        return PushResult(header.version, len(staged), received, time.perf_counter() - start, self.lineage)
+        return PushResult(header.version, len(staged), received, time.perf_counter() - start, self.lineage,
+                          header.partial, tuple(s.wire() for s in done))

@@ -5,6 +5,11 @@ Every refusal, a rejected push or a missing token, becomes a gRPC status in one 
 as views of the received buffers. The method path, the auth metadata key and the channel options are
 shared with the pusher.
 
+A push whose commit message names relay targets is forwarded by the server's `Relay` (`relay.py`) once it is
+committed: the servicer holds the receiver (so its bytes stay as committed) from the moment it sees that
+commit message until the relay is done, and GetStatus says `relaying` meanwhile. A server without a `Relay`
+ignores the request (the learner then pushes to those targets itself).
+
 Beside WeightSync, every server answers the standard `grpc.health.v1.Health` (for Kubernetes gRPC probes and
 `grpc_health_probe`) and server reflection (for `grpcurl list`), both without a token: they reveal no
 weights. Health per service: `asyncrlhf.v1.WeightSync` is SERVING while the server runs (it takes
@@ -15,8 +20,10 @@ live, as the generator's /readyz.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -29,6 +36,10 @@ from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, decode_chunk
 from asyncrlhf.weights.receiver import PushRejected, Reason, WeightReceiver
 from asyncrlhf.weights.shm import shm_host
 
+if TYPE_CHECKING:  # relay.py pushes, through pusher.py, which imports this module
+    from asyncrlhf.weights.relay import Relay
+
+log = logging.getLogger(__name__)
 AUTH_METADATA_KEY = "authorization"
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
@@ -64,27 +75,57 @@ def _abort(context: grpc.ServicerContext, refusal: PushRejected) -> None:
 
 
 class WeightSyncServicer(pb_grpc.WeightSyncServicer):
-    """Maps the WeightSync RPCs onto a `WeightReceiver`."""
+    """Maps the WeightSync RPCs onto a `WeightReceiver` (and its `Relay`, if any)."""
 
-    def __init__(self, receiver: WeightReceiver, health_servicer: health.HealthServicer | None = None):
-        self.receiver, self.health = receiver, health_servicer
+    def __init__(self, receiver: WeightReceiver, health_servicer: health.HealthServicer | None = None,
+                 relay: Relay | None = None):
+        self.receiver, self.health, self.relay = receiver, health_servicer, relay
 
     def PushWeights(self, request_iterator: Iterator[tuple[pb.WeightChunk, memoryview]],
                     context: grpc.ServicerContext) -> pb.PushReply:
+        asked: list[pb.WeightChunk] = []  # the commit message, when it asks for a relay this server does
         try:
-            result = self.receiver.receive(request_iterator)
+            result = self.receiver.receive(self._watch(request_iterator, asked))
         except PushRejected as err:
+            self._unwatch(asked)
             _abort(context, err)
+        except BaseException:  # e.g. the pusher cancelled the call mid-stream
+            self._unwatch(asked)
+            raise
+        if asked and self.relay is not None:
+            self.relay.start(result, asked[0], self.receiver.release)
         if self.health is not None:
             self.health.set("", _SERVING)  # a version is live: ready
         return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
                             apply_seconds=result.apply_seconds, lineage=result.lineage)
 
+    def _watch(self, messages: Iterator[tuple[pb.WeightChunk, memoryview]],
+               asked: list[pb.WeightChunk]) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
+        """`messages`, holding the receiver and announcing the relay as the commit asking for one goes by
+        (before the new version shows in GetStatus)."""
+        for header, data in messages:
+            if header.commit and header.relay_targets and not asked:
+                if self.relay is None:
+                    log.warning("push of version %d asks this server to relay it to %d generators; it has "
+                                "no relay (the learner pushes to them)", header.version,
+                                len(header.relay_targets))
+                else:
+                    self.receiver.hold()
+                    self.relay.expect()
+                    asked.append(header)
+            yield header, data
+
+    def _unwatch(self, asked: list[pb.WeightChunk]) -> None:
+        """The push asked for a relay but was not committed: nothing to relay."""
+        if asked and self.relay is not None:
+            self.receiver.release()
+            self.relay.abandon()
+
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
         status = self.receiver.status()
         return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
                                  tensor_count=status.tensor_count, lineage=status.lineage,
-                                 shm_host=shm_host())
+                                 shm_host=shm_host(), relaying=self.relay is not None and self.relay.relaying)
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
@@ -125,8 +166,10 @@ def serve(
     allow_insecure_bind: bool = False,
     max_workers: int = 4,
     credentials: grpc.ServerCredentials | None = None,
+    relay: Relay | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port."""
+    """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port.
+    With `relay` it forwards the versions whose pushes ask for it (the caller closes the relay)."""
     if token is None and not allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
@@ -138,7 +181,7 @@ def serve(
     health_servicer.set("", _SERVING if receiver.status().version else _NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    add_to_server(WeightSyncServicer(receiver, health_servicer), server)
+    add_to_server(WeightSyncServicer(receiver, health_servicer, relay), server)
     address = f"{host}:{port}"  # with `credentials` (asyncrlhf.weights.tls): TLS only, never also plaintext
     if credentials is not None:
         bound = server.add_secure_port(address, credentials)

@@ -24,6 +24,7 @@ from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.weights.receiver import WeightReceiver
+from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.tls import server_credentials
 from services.generator.metrics import GeneratorMetrics
@@ -68,21 +69,25 @@ class WeightSyncServer:
     server: grpc.Server
     port: int
     address: str  # host:port the learner dials
+    relay: Relay  # forwards committed versions to other generators when a push asks (learner.relay_fanout)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.server.stop(grace_s).wait(grace_s + 1)
+        self.relay.close()
 
 
 def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
-    """Serve WeightSync on `generator.grpc_host:grpc_port` (token-checked when `run.token` is set)."""
+    """Serve WeightSync on `generator.grpc_host:grpc_port` (token-checked when `run.token` is set), relaying
+    with the run's token and TLS client settings."""
     host = cfg.generator.grpc_host
     check_bind(host, cfg, "WeightSync")
     # After a restart: no version (0) of no lineage (0) until the learner pushes one.
     receiver = WeightReceiver(swap, version=0, on_lineage=swap.stage_lineage)
+    relay = Relay.from_config(cfg)
     server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
                          allow_insecure_bind=cfg.run.allow_insecure_bind,
-                         credentials=server_credentials(cfg.run.grpc_tls))
-    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}")
+                         credentials=server_credentials(cfg.run.grpc_tls), relay=relay)
+    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}", relay)
 
 
 def advertised_host(cfg: Config) -> str:

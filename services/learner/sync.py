@@ -1,6 +1,8 @@
 """The learner's side of WeightSync: after a step, snapshot the weights generators need (every rank joins the
 gather under ZeRO-3) and push them to every live generator; between steps, bring a generator that joined
-late (or restarted) to the current version at once. Push outcomes become metrics and warnings.
+late (or restarted) to the current version at once. Push outcomes become metrics and warnings. With
+`learner.relay_fanout` the pusher streams to a few generators that relay the version to the others, and
+reports every target only once it serves the version (or its push failed): docs/weights.md.
 
 A push a generator refuses for a permanent reason (the learner's tensors do not fit its model: shape, dtype,
 names; or a wrong token) fails the learner at once with that reason: retrying cannot help. Transient failures

@@ -1,6 +1,6 @@
 """The learner's weight publisher against real WeightSync receivers (real gRPC, real Redis registry): a
 permanent refusal fails the learner at once with the receiver's reason; transient failures are retried up
-to `learner.push_max_failures` in a row."""
+to `learner.push_max_failures` in a row; with relays every live generator still serves each version."""
 
 import time
 from types import SimpleNamespace
@@ -9,11 +9,13 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrlhf.config import load_config
+from asyncrlhf.metrics import LEARNER_PUSH_BYTES_TOTAL
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.registry import Registry
+from asyncrlhf.weights import pusher as pusher_module
 from services.learner.metrics import LearnerMetrics
 from services.learner.sync import PushFailed, WeightPublisher
-from tests.integration.weights.helpers import TOKEN, Generator, tiny_model
+from tests.integration.weights.helpers import TOKEN, Generator, same, snapshot, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +82,31 @@ def test_a_dead_generator_still_listed_is_waited_out_not_fatal(redis_client, red
         pub.publish(version)
     assert pub._failures["g0"] == 5
     pub.close()
+
+
+def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_is_pushed_around(
+        redis_client, redis_url, run_name, monkeypatch):
+    """learner.relay_fanout=2 over five registered generators (as across hosts: no shared memory): g0 (relays
+    to g1, g2) is dead yet still registered; the learner pushes to g1 and g2 itself, g3 relays to g4."""
+    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")
+    gens = [Generator(seed=20 + i) for i in range(5)]
+    learner = tiny_model(0)
+    pub, registry = publisher(redis_client, redis_url, run_name, learner, f"run.token={TOKEN}",
+                              "learner.relay_fanout=2", "learner.push_timeout_s=10")
+    try:
+        gens[0].stop()
+        for i, g in enumerate(gens):
+            registry.register(f"g{i}", g.address, 0)
+        for version in (1, 2):
+            pub.publish(version)
+            assert all(g.receiver.version == version for g in gens[1:])
+            assert all(same(snapshot(g.model), snapshot(learner)) for g in gens[1:])
+        sent = {f"g{i}": pub.metrics.registry.get_sample_value(LEARNER_PUSH_BYTES_TOTAL, {"target": f"g{i}"})
+                for i in range(1, 5)}
+        size = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
+        assert sent == {"g1": 2 * size, "g2": 2 * size, "g3": 2 * size, "g4": 0}  # g4: relayed by g3
+        assert pub._failures["g0"] == 2  # the dead one: reported, retried, not fatal within its TTL
+    finally:
+        pub.close()
+        for g in gens:
+            g.stop()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
+from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
 
 TOKEN = "s3cret"
@@ -28,18 +32,40 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+class Gated:
+    """A `WeightTarget` that lets each apply through only while `gate` is set (it is, at first); `entered` is
+    set once an apply waits or passes: a generator mid-batch, observable."""
+
+    def __init__(self, target):
+        self.target, self.gate, self.entered = target, threading.Event(), threading.Event()
+        self.gate.set()
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self.target.named_tensors()
+
+    def apply_weights(self, tensors, version, *, adopt=False):
+        self.entered.set()
+        self.gate.wait()
+        return self.target.apply_weights(tensors, version, adopt=adopt)
+
+
 class Generator:
-    """A receiver-side stand-in for the generator service: a live model behind a WeightSync server."""
+    """A receiver-side stand-in for the generator service: a live model behind a WeightSync server that
+    relays when a push asks it to."""
 
     def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None):
         self.model = tiny_model(seed)
         self.target = ModuleTarget(self.model, names)
-        self.receiver = WeightReceiver(self.target)
-        self.server, self.port = serve(self.receiver, token=token)
+        self.gated = Gated(self.target)
+        self.receiver = WeightReceiver(self.gated)
+        self.relay = Relay(token, chunk_bytes=CHUNK)
+        self.server, self.port = serve(self.receiver, token=token, relay=self.relay)
         self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        """As if killed: the server stops and relays in flight are cut."""
         self.server.stop(0)
+        self.relay.close()
 
 
 def push(pusher: WeightPusher, state, version, gen: Generator, **kw):

@@ -1,6 +1,7 @@
 """TLS for WeightSync from `run.grpc_tls`, with a CA, server and client certificates made here: a push over
 TLS lands; a client that does not trust the CA (or dials in plaintext) is refused; with a client CA on the
-server (mutual TLS) a client without a certificate from it is refused."""
+server (mutual TLS) a client without a certificate from it is refused; relays dial with the run's TLS
+client settings."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from asyncrlhf.config import load_config
+from asyncrlhf.weights import pusher as pusher_module
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
+from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.tls import TlsConfigError, channel_credentials, server_credentials
 
@@ -120,3 +123,31 @@ def test_half_a_tls_config_fails_with_what_to_set(pki):
         server_credentials(tls_config(client_ca_file=pki["ca"]))
     with pytest.raises(TlsConfigError, match="cannot read"):
         channel_credentials(tls_config(ca_file="/nonexistent/ca.pem"))
+
+
+def test_relays_dial_with_the_runs_tls_client_settings(pki, monkeypatch):
+    """Three generators serving mutual TLS, in a chain (learner.relay_fanout=1): each relays with the
+    certificate and CA of the run's config, as the generator service builds its relay."""
+    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # as across hosts
+    (server_cert, server_key), (client_cert, client_key) = pki["server"], pki["client"]
+    mutual = {"cert_file": server_cert, "key_file": server_key, "client_ca_file": pki["ca"],
+              "ca_file": pki["ca"], "client_cert_file": client_cert, "client_key_file": client_key}
+    cfg = load_config([], [*(f"run.grpc_tls.{k}={v}" for k, v in mutual.items()), "run.token=t0k",
+                           "learner.relay_fanout=1", "learner.push_timeout_s=10"])
+    running = []
+    try:
+        for _ in range(3):
+            model = torch.nn.Linear(4, 3)
+            receiver, relay = WeightReceiver(ModuleTarget(model)), Relay.from_config(cfg)
+            server, port = serve(receiver, "127.0.0.1", 0, "t0k", relay=relay,
+                                 credentials=server_credentials(cfg.run.grpc_tls))
+            running.append((server, relay, receiver, model, f"127.0.0.1:{port}"))
+        weights = {"weight": torch.ones(3, 4), "bias": torch.zeros(3)}
+        with WeightPusher.from_config(cfg) as pusher:
+            outcomes = pusher.push(weights, 1, [PushTarget(f"g{i}", r[4]) for i, r in enumerate(running)])
+        assert [(o.status, o.relayed_by) for o in outcomes] == [("ok", ""), ("ok", "g0"), ("ok", "g1")]
+        assert all(torch.equal(model.weight, torch.ones(3, 4)) for *_, model, _ in running)
+    finally:
+        for server, relay, *_ in running:
+            server.stop(0)
+            relay.close()
