@@ -96,7 +96,7 @@ class VLLMConfig(Section):
 class GeneratorConfig(Section):
     backend: Literal["hf", "vllm", "auto"] = Field(
         "hf", description="`hf` (transformers, CPU or GPU), `vllm` (GPU, or vLLM's CPU build: `make vllm`), "
-        "or `auto`: vLLM where it is installed and can serve this run, else `hf` (resolved at load; "
+        "or `auto`: vLLM on a GPU where it is installed and can serve this run, else `hf` (resolved at load; "
         "`auto_reason` says why)."
     )
     auto_reason: str | None = Field(

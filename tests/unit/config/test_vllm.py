@@ -40,17 +40,24 @@ def test_a_tiny_head_size_the_cpu_kernels_lack_is_refused_naming_the_fix():
     assert load_config(["configs/tiny.yaml"], ["generator.backend=vllm", "model.tiny.heads=2"])
 
 
-def test_auto_picks_vllm_where_it_can_serve_the_run_and_hf_with_the_reason_elsewhere(monkeypatch):
+def test_auto_picks_vllm_on_a_gpu_where_it_can_serve_the_run_and_hf_with_the_reason_elsewhere(monkeypatch):
     import importlib.util
 
-    demo = load_config(["configs/demo.yaml"], ["generator.backend=auto"])
-    tiny = load_config(["configs/tiny.yaml"], ["generator.backend=auto"])  # head size 16: not on vLLM's CPU
-    assert tiny.generator.backend == "hf" and "head size" in tiny.generator.auto_reason
-    if importlib.util.find_spec("vllm") is not None:
-        assert demo.generator.backend == "vllm" and demo.generator.auto_reason.startswith("auto: vLLM is")
+    cpu = load_config(["configs/demo.yaml"], ["generator.backend=auto", "generator.device=cpu"])
+    assert cpu.generator.backend == "hf" and "on CPU" in cpu.generator.auto_reason
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real(name, *a))
-    without = load_config(["configs/demo.yaml"], ["generator.backend=auto"])
+
+    def vllm_installed(yes: bool) -> None:
+        found = object() if yes else None
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: found if name == "vllm" else real(name, *a))
+
+    vllm_installed(True)
+    gpu = load_config(["configs/demo.yaml"], ["generator.backend=auto", "generator.device=cuda"])
+    assert gpu.generator.backend == "vllm" and gpu.generator.auto_reason.startswith("auto: vLLM is installed")
+    tiny = load_config(["configs/tiny.yaml"], ["generator.backend=auto", "generator.device=cuda"])
+    assert tiny.generator.backend == "hf" and "head size" in tiny.generator.auto_reason
+    vllm_installed(False)
+    without = load_config(["configs/demo.yaml"], ["generator.backend=auto", "generator.device=cuda"])
     assert without.generator.backend == "hf" and "not installed" in without.generator.auto_reason
     assert load_config(["configs/demo.yaml"], ["generator.backend=hf"]).generator.auto_reason is None
