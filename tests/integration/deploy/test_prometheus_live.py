@@ -132,8 +132,9 @@ class Stack:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             self.check_alive()
-            try:
-                if self.query(f"max({names.LEARNER_STEPS_TOTAL}) >= {steps}"):
+            try:  # Prometheus answers 503 until its storage is ready (a fresh install takes longer)
+                ready = httpx.get(f"{self.prometheus_url}/-/ready", timeout=10).status_code == 200
+                if ready and self.query(f"max({names.LEARNER_STEPS_TOTAL}) >= {steps}"):
                     return
             except httpx.HTTPError:
                 pass  # Prometheus still starting
