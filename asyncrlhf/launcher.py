@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.cores import ENV as CORES_ENV
+from asyncrlhf.cores import service_threads, shares_cores
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
@@ -83,16 +86,6 @@ class Service:
                 pass
 
 
-def _cpu_threads(cfg: Config, kind: str) -> int:
-    """Threads for a CPU service: what the config says, else a fair share of the cores."""
-    configured = {"generator": cfg.generator.threads, "learner": cfg.learner.threads,
-                  "evaluator": cfg.evaluator.threads}.get(kind, 1)
-    if configured:
-        return configured
-    heavy = 2  # generation and training each get a share; reward and evaluator take what is left
-    return max(1, (os.cpu_count() or 2) // heavy) if kind in ("generator", "learner") else 1
-
-
 def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str | None) -> list[Service]:
     """The processes of a run, in start order: reward and generators first, the learner, the evaluator.
     `redis_url`: the embedded Redis's, passed to each; None when the config names the server itself."""
@@ -104,11 +97,13 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
     for kind, replicas in kinds:
         for i in range(replicas):
             port = free_port()
-            threads = _cpu_threads(cfg, kind)
+            threads = service_threads(cfg, kind)
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                    "TOKENIZERS_PARALLELISM": "false"}
             if kind in cfg.launch.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
+            if shares_cores(cfg, kind):
+                env[CORES_ENV] = str(cfg.run.path / "cores")
             config_args = [a for f in files for a in ("--config", f)]
             server = [f"redis.url={redis_url}"] if redis_url else []
             args = [*config_args, *overrides, *server, f"{kind}.http_port={port}"]
@@ -151,19 +146,24 @@ def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
                 snap.answered[svc.name] = False
                 continue
             snap.answered[svc.name] = True
-            own = snap.per_service.setdefault(svc.name, {})
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name == names.GENERATOR_POLICY_VERSION:
-                        snap.generator_versions[svc.name] = sample.value
-                    elif not sample.labels:
-                        own[sample.name] = sample.value
-                        snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
-                    elif sample.name == names.LEARNER_QUEUE_DEPTH:
-                        snap.values[f"queue:{sample.labels['stream']}"] = sample.value
-                    elif family.type == "histogram" and sample.name.endswith(("_sum", "_count")):
-                        own[sample.name] = own.get(sample.name, 0.0) + sample.value  # over its labels
+            read_exposition(text, svc.name, snap)
     return snap
+
+
+def read_exposition(text: str, service: str, snap: Snapshot) -> None:
+    """One service's /metrics text into the snapshot."""
+    own = snap.per_service.setdefault(service, {})
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == names.GENERATOR_POLICY_VERSION:
+                snap.generator_versions[service] = sample.value
+            elif not sample.labels:
+                own[sample.name] = sample.value
+                snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
+            elif sample.name == names.LEARNER_QUEUE_DEPTH:
+                snap.values[f"queue:{sample.labels['stream']}"] = sample.value
+            elif family.type == "histogram" and sample.name.endswith(("_sum", "_count")):
+                own[sample.name] = own.get(sample.name, 0.0) + sample.value  # over its labels
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,6 +190,9 @@ class Launcher:
         url = self._redis_url()
         self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
+        for svc in self.services:  # an earlier run's last values are not this run's
+            names.final_metrics_path(run_dir, svc.name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "cores", ignore_errors=True)  # members an earlier run left busy
         print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), "
               f"Redis {url or self.cfg.redis.where}", flush=True)
         self.started_at = time.time()
@@ -335,6 +338,13 @@ class Launcher:
         served when the learner finished, and which /metrics endpoints answered during the run."""
         snap = getattr(self, "_snapshot", None) or scrape(self.services)
         from asyncrlhf.training.checkpoint import latest_version
+
+        for svc in self.services:  # a service's own last values beat a scrape taken before it finished
+            final = names.final_metrics_path(self.cfg.run.path, svc.name)
+            if final.is_file():
+                last = Snapshot()
+                read_exposition(final.read_text(), svc.name, last)
+                self.last_metrics[svc.name] = last.per_service[svc.name]
 
         summary = {
             "learner_version": latest_version(self.cfg),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
@@ -103,6 +104,21 @@ EVALUATOR_EVAL_SECONDS = _metric("evaluator", "eval", "seconds")  # histogram
 EVALUATOR_SKIPPED_CHECKPOINTS_TOTAL = _metric("evaluator", "skipped_checkpoints", "total")  # label: reason
 
 NAMES: frozenset[str] = frozenset(_named)  # every metric a service exports
+
+
+def final_metrics_path(run_dir: Path, service: str) -> Path:
+    """Where a service that finished its work leaves its last /metrics text: the launcher's summary reads it,
+    since a short run's learner can train its last steps and exit between two scrapes."""
+    return run_dir / "metrics" / f"{service}.prom"
+
+
+def write_final_metrics(registry: CollectorRegistry, run_dir: Path, service: str) -> Path:
+    path = final_metrics_path(run_dir, service)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(generate_latest(registry))
+    tmp.replace(path)  # a reader never sees half of it
+    return path
 
 
 def make_app(

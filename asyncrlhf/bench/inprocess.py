@@ -30,7 +30,7 @@ from asyncrlhf.rewards import build_reward
 from asyncrlhf.rewards.groups import items_of, scored
 from asyncrlhf.sampling import create_backend
 from asyncrlhf.sampling.rollouts import rollout_group
-from asyncrlhf.tasks import fit_prompts, load_task, plain_text
+from asyncrlhf.tasks import PromptOrder, fit_prompts, load_task, plain_text
 from asyncrlhf.training import checkpoint, engine
 from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.objectives import make_objective
@@ -70,16 +70,12 @@ class InProcess:
         self.state = checkpoint.LearnerState()
         self.seconds: dict[str, float] = defaultdict(float)
         self._cursor = 0
-        self._orders: dict[int, list[int]] = {}
+        self.order = PromptOrder(len(self.texts), cfg.run.seed)
         self._apply(self.state.version)
 
     def _prompt(self, cursor: int) -> PromptGroup:
         """The cursor-th prompt group, in the learner feed's order."""
-        epoch, offset = divmod(cursor, len(self.texts))
-        if epoch not in self._orders:
-            generator = torch.Generator().manual_seed(self.cfg.run.seed + epoch)
-            self._orders = {epoch: torch.randperm(len(self.texts), generator=generator).tolist()}
-        index = self._orders[epoch][offset]
+        epoch, index = self.order.position(cursor)
         return PromptGroup(group_id=f"g{cursor:08d}", prompt=self.texts[index],
                            prompt_token_ids=self.prompt_ids[index], k=self.cfg.generator.samples_per_prompt,
                            enqueued_at=time.time(), learner_version=self.state.version, dataset_index=index,

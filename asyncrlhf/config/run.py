@@ -228,6 +228,11 @@ class LaunchConfig(Section):
         default_factory=dict,
         description="CUDA_VISIBLE_DEVICES per service, e.g. {generator: '0', learner: '1,2,3'}.",
     )
+    share_cores: bool = Field(
+        True, description="On a CPU host, the HF generator(s) and the learner share the cores: a service "
+        "computing alone uses all of them, n computing at once split them (asyncrlhf/cores.py). Off, or a "
+        "service whose `threads` is set, or the vLLM backend (its threads are fixed at start): a fixed split."
+    )
     progress_every_s: float = Field(1.0, gt=0, description="Refresh period of the progress display.")
     evaluator_grace_s: float = Field(
         600.0, gt=0, description="After the learner ends, wait this long for the last evaluation."

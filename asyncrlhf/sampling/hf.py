@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -122,6 +122,18 @@ class BehaviourLogprobs:
         return torch.stack(self._settled, dim=1)
 
 
+class EachStep:
+    """A logits processor that only calls `hook()` once per decoding step (a core share re-sizing torch's
+    threads, asyncrlhf/cores.py) and leaves the scores as they are."""
+
+    def __init__(self, hook: Callable[[], object]):
+        self.hook = hook
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.hook()
+        return scores
+
+
 class HFBackend:
     """A transformers causal LM (LoRA-wrapped in a LoRA run, so pushed adapter names match).
 
@@ -145,6 +157,7 @@ class HFBackend:
         self._version = 0
         self._pristine: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._merged = False
+        self.step_hook: Callable[[], object] | None = None  # called between decoding steps
         if merge_lora and is_lora(model):
             from peft.tuners.lora import LoraLayer
 
@@ -215,12 +228,13 @@ class HFBackend:
         cache = self._shared_prefix(ids, mask, k)
         ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)  # row i * k + j
         behaviour = BehaviourLogprobs(sampling)
+        processors = [behaviour] + ([EachStep(self.step_hook)] if self.step_hook else [])
         with warnings.catch_warnings():  # transformers 5 renames it `cache`; `past_key_values` works < 6
             warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=True,
                 temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                max_new_tokens=sampling.max_new_tokens, logits_processor=LogitsProcessorList([behaviour]),
+                max_new_tokens=sampling.max_new_tokens, logits_processor=LogitsProcessorList(processors),
             )
         new = out[:, ids.shape[1]:]
         logps = behaviour.finish(new).cpu()

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from asyncrlhf.config import TaskConfig
 from asyncrlhf.tasks import demo
 from asyncrlhf.tasks.hf import HFTaskError, Prompt
@@ -54,6 +56,23 @@ def fit_prompts(
     kept = Task(train=[task.train[i] for i in keep], eval=task.eval, train_references=refs,
                 eval_references=task.eval_references)
     return kept, [ids[i] for i in keep]
+
+
+class PromptOrder:
+    """The order prompts are enqueued in: a fresh permutation per epoch, seeded `seed + epoch`, so a resumed
+    learner (or the in-process baseline) walks the same order from any cursor."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed = size, seed
+        self._orders: dict[int, list[int]] = {}  # the current epoch's only
+
+    def position(self, cursor: int) -> tuple[int, int]:
+        """(epoch, dataset index) of the cursor-th group ever enqueued."""
+        epoch, offset = divmod(cursor, self.size)
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._orders = {epoch: torch.randperm(self.size, generator=generator).tolist()}
+        return epoch, self._orders[epoch][offset]
 
 
 def plain_text(prompt: Prompt) -> str:

@@ -13,10 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from itertools import groupby
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config
+from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling import Backend, Completion
 from asyncrlhf.sampling.rollouts import rollout_group
 from asyncrlhf.serving.gate import BackendGate
@@ -51,12 +53,13 @@ class GeneratorLoop:
     def __init__(self, cfg: Config, backend: Backend, gate: BackendGate, consumer: Consumer[PromptGroup],
                  producer: Producer[RolloutGroup], tokenizer, generator_id: str, metrics: GeneratorMetrics,
                  weights_arrived: threading.Event, pending: Callable[[], int] = lambda: 0,
-                 lineage: Callable[[], int] = lambda: 0):
+                 lineage: Callable[[], int] = lambda: 0, cores: CoreShare | None = None):
         self.cfg, self.backend, self.gate, self.tokenizer = cfg, backend, gate, tokenizer
         self.consumer, self.producer = consumer, producer
         self.generator_id, self.metrics = generator_id, metrics
         self.weights_arrived, self.pending, self.lineage = weights_arrived, pending, lineage
         self._next_pending_check = 0.0
+        self.cores = cores  # this host's shared cores (asyncrlhf up on CPU), or fixed threads
 
     def run(self, stop: threading.Event) -> None:
         """Step until `stop` is set; the batch in progress finishes first."""
@@ -94,7 +97,7 @@ class GeneratorLoop:
             return 0
         started_at, start = time.time(), time.perf_counter()
         try:
-            with self.gate.generating():
+            with self.gate.generating(), (self.cores.busy() if self.cores else nullcontext()):
                 version, lineage = self.backend.version, self.lineage()  # both change under the gate only
                 completions = self._sample(work)
         except Exception as err:  # a failing batch must not kill the service; its prompts are retried

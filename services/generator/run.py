@@ -12,9 +12,11 @@ import uuid
 import redis
 
 from asyncrlhf.config import Config
+from asyncrlhf.cores import CoreShare
 from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
 from asyncrlhf.sampling import Backend, create_backend
+from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
@@ -43,12 +45,15 @@ class GeneratorService:
         self.metrics = GeneratorMetrics(self.id)
         self.client = client or connect(cfg.redis)
         self.streams = RunStreams.from_config(cfg, self.client)
+        self.cores = CoreShare.from_env(self.id)
+        if self.cores and isinstance(self.backend, HFBackend):  # cores move between decoding steps
+            self.backend.step_hook = self.cores.adjust
         self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce)
         self.loop = GeneratorLoop(
             cfg, self.backend, self.gate, self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
             self.streams.producer(ROLLOUTS), self.tokenizer, self.id, self.metrics, self.swap.arrived,
             pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
-            lineage=lambda: self.swap.lineage,
+            lineage=lambda: self.swap.lineage, cores=self.cores,
         )
         self.weight_sync: WeightSyncServer | None = None
         self.heartbeat: Heartbeat | None = None

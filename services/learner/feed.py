@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 
 import redis
-import torch
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.streams import Producer, PromptCredits
+from asyncrlhf.tasks import PromptOrder
 
 _GROUP_ID = re.compile(r"g(\d{8,})")
 
@@ -48,7 +48,7 @@ class PromptFeed:
         self.prompts, self.prompt_ids = list(prompts), [list(p) for p in prompt_ids]
         self.k, self.seed, self.data_epochs, self.cursor_key = k, seed, data_epochs, cursor_key
         self.references = list(references) or [None] * len(self.prompts)  # a verifiable reward's answers
-        self._orders: dict[int, list[int]] = {}
+        self.order = PromptOrder(len(self.prompts), seed)
         self.lineage = 0  # stamped on every group enqueued (the learner start's lineage)
         self.known_cursor = 0  # the cursor as last read or written here
 
@@ -63,11 +63,7 @@ class PromptFeed:
 
     def position(self, cursor: int) -> tuple[int, int]:
         """(epoch, dataset index) of the cursor-th group ever enqueued."""
-        epoch, offset = divmod(cursor, len(self.prompts))
-        if epoch not in self._orders:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            self._orders = {epoch: torch.randperm(len(self.prompts), generator=generator).tolist()}
-        return epoch, self._orders[epoch][offset]
+        return self.order.position(cursor)
 
     def enqueued(self, group_id: str) -> bool:
         """Whether this feed enqueued `group_id` (a dead letter with any other id was written by someone else

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 
 import torch
 
@@ -27,7 +28,8 @@ from asyncrlhf._proto.events_pb2 import (
     EventKind,
 )
 from asyncrlhf.config import Config
-from asyncrlhf.metrics import make_app
+from asyncrlhf.cores import CoreShare
+from asyncrlhf.metrics import make_app, write_final_metrics
 from asyncrlhf.model_sources import resolved_revision
 from asyncrlhf.models import load_tokenizer, set_threads
 from asyncrlhf.registry import Registry
@@ -75,6 +77,9 @@ class Learner:
             log.info("deepspeed in effect: %s", engine.effective_settings(self.policy, cfg.learner))
         self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=self.objective,
                                pad_id=self.tokenizer.pad_token_id, rank=self.rank, world=self.world)
+        self.cores = CoreShare.from_env(f"learner-{self.rank}")  # asyncrlhf up on CPU: cores move
+        if self.cores:  # to whichever phase computes, re-sized before each micro-batch
+            self.policy.module.register_forward_pre_hook(self._adjust_threads)
         self.resumed = False
         self.state = self._resume() if resume else checkpoint.LearnerState()
         self.metrics = LearnerMetrics()
@@ -94,6 +99,10 @@ class Learner:
             self.http = serve_follower_http(cfg, self.rank, self.world)
         self.weights = WeightPublisher(cfg, self.policy, self.rank, registry, self.metrics)
         self.weights.lineage = self.state.lineage
+
+    def _adjust_threads(self, _module, _args) -> None:  # a pre-hook returning anything would replace args
+        if self.cores:
+            self.cores.adjust()
 
     def _resume(self) -> checkpoint.LearnerState:
         found = checkpoint.latest_checkpoint(self.cfg)
@@ -136,7 +145,8 @@ class Learner:
 
     def _step(self, batch: StepBatch | None, groups: list[TrainGroup]) -> None:
         started = time.perf_counter()
-        stats = self.trainer.train_step(groups, step_seed=self.cfg.run.seed + self.state.version)
+        with self.cores.busy() if self.cores else nullcontext():
+            stats = self.trainer.train_step(groups, step_seed=self.cfg.run.seed + self.state.version)
         self.state.version += 1
         publish = self.state.steps % self.cfg.learner.sync_every == 0
         if self.rank != 0:
@@ -194,5 +204,6 @@ class Learner:
             self.schedule.replica_wait("the learner's last event")  # the evaluator stops on RUN_FINISHED
             self.weights.close()
             self.trackers.close()
+            write_final_metrics(self.metrics.registry, self.cfg.run.path, "learner")
         if self.http:
             self.http.stop()

@@ -48,6 +48,11 @@ def test_up_runs_the_whole_pipeline_and_writes_the_report(tmp_path):
     answered = summary["metrics_answered"]
     assert answered and all(answered.values()), answered
     assert set(answered) == {"reward-0", "generator-0", "generator-1", "learner", "evaluator"}
+    # the learner's own last values (it can train its last steps and exit between two scrapes)
+    learner = summary["final_metrics"]["learner"]
+    assert learner["asyncrlhf_learner_steps_total"] == 4
+    assert learner["asyncrlhf_learner_step_seconds_count"] == 4
+    assert learner["asyncrlhf_learner_step_seconds_sum"] > 0
     results = [json.loads(line) for line in (run / "eval" / "results.jsonl").read_text().splitlines()]
     assert results[0]["version"] == 1 and results[-1]["version"] == 5
     assert (run / "report.md").is_file() and "Report:" in out

@@ -1,0 +1,119 @@
+"""One host's CPU cores, shared by the services that compute on it.
+
+A fixed split (one core to the generator, one to the learner on a 2-core box) leaves a core idle whenever one
+phase waits for the other: in sync mode always, in async mode whenever the generator is ahead or the learner
+waits for a batch. Under `asyncrlhf up` on a CPU host (`launch.share_cores`), the generator(s) and the
+learner instead mark themselves busy while they compute and size torch's thread pool from how many members
+are busy right now: alone, a member takes every core; `n` busy members take `cores // n` each. The generator
+re-sizes between decoding steps, the learner before each micro-batch's forward, so cores move to whichever
+phase is working within one token or one micro-batch.
+
+The state is one file per busy member in a directory the launcher gives every service (`ASYNCRLHF_CORES`):
+the member's name, holding its pid. A member that died busy (SIGKILL) is not counted: its pid is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from asyncrlhf.config import Config
+
+ENV = "ASYNCRLHF_CORES"  # the shared directory, set by the launcher; unset: fixed threads
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+class CoreShare:
+    """`member` computes inside `with share.busy():` and calls `share.adjust()` at its natural breaks
+    (a decoding step, a micro-batch); torch's threads follow the number of busy members."""
+
+    def __init__(self, directory: Path, member: str, cores: int):
+        self.directory, self.member, self.cores = directory, member, max(1, cores)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._mine = directory / member
+        self._threads = torch.get_num_threads()
+
+    @classmethod
+    def from_env(cls, member: str) -> CoreShare | None:
+        directory = os.environ.get(ENV)
+        return cls(Path(directory), member, os.cpu_count() or 1) if directory else None
+
+    def busy_members(self) -> int:
+        """Members computing now, this one included when it is."""
+        count = 0
+        for entry in self.directory.iterdir():
+            if entry.suffix == ".tmp":
+                continue
+            try:
+                pid = int(entry.read_text() or 0)
+            except (OSError, ValueError):  # removed or half-written between listing and reading
+                continue
+            count += entry.name == self.member or (pid > 0 and _alive(pid))
+        return count
+
+    def threads(self) -> int:
+        return max(1, self.cores // max(1, self.busy_members()))
+
+    def adjust(self) -> int:
+        """Re-size torch's thread pool to this member's share now (a no-op when it is unchanged)."""
+        wanted = self.threads()
+        if wanted != self._threads:
+            torch.set_num_threads(wanted)
+            self._threads = wanted
+        return wanted
+
+    @contextmanager
+    def busy(self) -> Iterator[int]:
+        """Counted as computing inside; yields the threads taken on entry."""
+        tmp = self._mine.with_suffix(".tmp")
+        tmp.write_text(str(os.getpid()))
+        tmp.replace(self._mine)  # other members never read a half-written pid
+        try:
+            yield self.adjust()
+        finally:
+            self._mine.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Threads per service under `asyncrlhf up`
+
+
+def _configured_threads(cfg: Config, kind: str) -> int:
+    return {"generator": cfg.generator.threads, "learner": cfg.learner.threads,
+            "evaluator": cfg.evaluator.threads}.get(kind, 1)
+
+
+def shares_cores(cfg: Config, kind: str) -> bool:
+    """Whether this service joins the host's core share: the heavy CPU services whose
+    threads the config leaves to `up`; vLLM's worker fixes its threads at start, so it keeps a fixed share."""
+    if not cfg.launch.share_cores or kind not in ("generator", "learner") or kind in cfg.launch.gpus:
+        return False
+    if kind == "generator" and cfg.generator.backend != "hf":
+        return False
+    device = cfg.generator.device if kind == "generator" else cfg.learner.device
+    return device in ("auto", "cpu") and not torch.cuda.is_available() and not _configured_threads(cfg, kind)
+
+
+def service_threads(cfg: Config, kind: str) -> int:
+    """Threads for a CPU service: what the config says; every core for a service in the core share (it gives
+    them back while another computes); else a fair share of the cores."""
+    cores = os.cpu_count() or 2
+    if configured := _configured_threads(cfg, kind):
+        return configured
+    if shares_cores(cfg, kind):
+        return cores
+    heavy = 2  # generation and training each get a share; reward and evaluator take what is left
+    return max(1, cores // heavy) if kind in ("generator", "learner") else 1

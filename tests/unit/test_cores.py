@@ -1,0 +1,103 @@
+"""The host's core share: a member computing alone takes every core, n busy members split them, a member that
+died busy stops counting, and `up` gives it only to the services whose threads it may move."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from asyncrlhf.config import load_config
+from asyncrlhf.cores import ENV, CoreShare, service_threads, shares_cores
+from asyncrlhf.launcher import plan
+
+pytestmark = pytest.mark.unit
+
+HOLD_BUSY = """
+import sys, time
+from pathlib import Path
+from asyncrlhf.cores import CoreShare
+with CoreShare(Path(sys.argv[1]), sys.argv[2], 4).busy():
+    print("busy", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def threads_back():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def hold_busy(directory, member):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_BUSY, str(directory), member], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.stdout.readline().strip() == "busy"
+    return proc
+
+
+def test_alone_a_member_takes_every_core_and_two_busy_members_split_them(tmp_path, threads_back):
+    share = CoreShare(tmp_path, "learner-0", cores=4)
+    with share.busy() as threads:
+        assert threads == 4 and torch.get_num_threads() == 4  # the generator is idle: all four
+        other = hold_busy(tmp_path, "generator-a")
+        try:
+            assert share.adjust() == 2 and torch.get_num_threads() == 2  # 4 cores // 2 busy
+        finally:
+            other.kill()
+            other.wait()
+    assert not (tmp_path / "learner-0").exists()  # not busy any more: it no longer counts for others
+
+
+def test_a_member_killed_while_busy_stops_counting(tmp_path, threads_back):
+    share = CoreShare(tmp_path, "learner-0", cores=4)
+    other = hold_busy(tmp_path, "generator-a")
+    assert share.busy_members() == 1 and share.threads() == 4 // 1
+    with share.busy():
+        assert share.busy_members() == 2
+        other.send_signal(signal.SIGKILL)
+        other.wait()
+        assert (tmp_path / "generator-a").exists()  # SIGKILL left its file...
+        assert share.busy_members() == 1 and share.adjust() == 4  # ...but its pid is gone
+
+
+def test_a_half_written_or_foreign_file_is_not_a_member(tmp_path):
+    (tmp_path / "generator-b.tmp").write_text(str(os.getpid()))  # a write in progress
+    (tmp_path / "junk").write_text("not a pid")
+    assert CoreShare(tmp_path, "learner-0", cores=2).busy_members() == 0
+
+
+def test_no_directory_in_the_environment_means_fixed_threads(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV, raising=False)
+    assert CoreShare.from_env("learner-0") is None
+    monkeypatch.setenv(ENV, str(tmp_path / "cores"))
+    share = CoreShare.from_env("learner-0")
+    assert share is not None and share.cores == (os.cpu_count() or 1) and (tmp_path / "cores").is_dir()
+
+
+def test_up_shares_the_cores_of_the_hf_generator_and_the_learner_only(tmp_path):
+    cfg = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}"])
+    cores = os.cpu_count() or 2
+    assert shares_cores(cfg, "generator") and shares_cores(cfg, "learner")
+    assert not shares_cores(cfg, "reward") and not shares_cores(cfg, "evaluator")
+    assert service_threads(cfg, "learner") == cores and service_threads(cfg, "reward") == 1
+    env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
+    assert env_of["learner"][ENV] == env_of["generator-0"][ENV] == str(cfg.run.path / "cores")
+    assert ENV not in env_of["reward-0"]
+    fixed = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "generator.threads=1"])
+    assert not shares_cores(fixed, "generator") and service_threads(fixed, "generator") == 1  # the user's
+    off = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "launch.share_cores=false"])
+    assert not shares_cores(off, "learner") and service_threads(off, "learner") == max(1, cores // 2)
+    vllm = cfg.model_copy(update={"generator": cfg.generator.model_copy(update={"backend": "vllm"})})
+    assert not shares_cores(vllm, "generator") and shares_cores(vllm, "learner")
+
+
+def test_entering_and_leaving_leaves_nothing_behind(tmp_path, threads_back):
+    share = CoreShare(tmp_path, "generator-a", cores=2)
+    for _ in range(50):
+        with share.busy():
+            share.adjust()
+    assert list(tmp_path.iterdir()) == []
