@@ -144,3 +144,23 @@ def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
                                            rtol=0)
     backend.apply_weights({n: torch.zeros_like(t) for n, t in backend.named_tensors().items()}, version=3)
     assert all(torch.equal(base_weights()[n], pristine[n]) for n in pristine)
+
+
+def test_the_step_hook_runs_once_per_decoding_step_and_changes_no_sample(tiny):
+    """The core share re-sizes torch's threads from this hook (asyncrlhf/cores.py): it must not touch what
+    is sampled."""
+    cfg, tokenizer, backend = tiny
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    prompts = encode_prompts(tokenizer, ["hi", "hello there"], cfg.model)
+    torch.manual_seed(11)
+    plain = backend.generate(prompts, 2, sampling)
+    calls = []
+    backend.step_hook = lambda: calls.append(1)
+    try:
+        torch.manual_seed(11)
+        hooked = backend.generate(prompts, 2, sampling)
+    finally:
+        backend.step_hook = None
+    assert hooked == plain
+    longest = max(len(c.token_ids) for g in hooked for c in g)
+    assert len(calls) == longest  # one call per decoding step: the batch stops when its last row does
