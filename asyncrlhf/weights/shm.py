@@ -32,11 +32,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import FROM_WIRE, WireTensor
+from asyncrlhf.weights.codec import FROM_WIRE, WireTensor, copy_hashed
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "asyncrlhf-w-"
@@ -139,14 +139,13 @@ class ShmPublication:
 
     def _write_all(self) -> None:
         try:
-            whole = torch.frombuffer(self._map, dtype=torch.uint8)
+            whole = np.frombuffer(self._map, dtype=np.uint8)
             for i, t in enumerate(self.tensors):
                 start, n = self.offsets[i], t.data.nbytes
                 if n:
-                    written = whole[start:start + n]
-                    written.copy_(torch.frombuffer(t.data, dtype=torch.uint8))
-                    self._checksums[i] = xxhash.xxh3_64_intdigest(written.numpy().data)
-                    del written
+                    digest = xxhash.xxh3_64()
+                    copy_hashed(whole[start:start + n], t.data, digest)
+                    self._checksums[i] = digest.intdigest()
                 self._written[i].set()
             del whole
         except BaseException as err:  # handed to every sender, raised there

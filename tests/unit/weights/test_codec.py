@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import adapter_tensors, chunks, decode_chunk, encode_chunk, prepare
+from asyncrlhf.weights.codec import (
+    HASH_BLOCK,
+    adapter_tensors,
+    chunks,
+    copy_hashed,
+    decode_chunk,
+    encode_chunk,
+    prepare,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -59,3 +69,13 @@ def test_adapter_tensors_keeps_only_lora_weights():
     names = ["q.weight", "q.lora_A.default.weight", "q.lora_B.default.weight"]
     state = {name: torch.zeros(1) for name in names}
     assert list(adapter_tensors(state)) == ["q.lora_A.default.weight", "q.lora_B.default.weight"]
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, HASH_BLOCK - 1, HASH_BLOCK, 3 * HASH_BLOCK + 17])
+def test_copy_hashed_copies_every_byte_and_hashes_them_as_one_stream(nbytes):
+    src = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    dst = np.zeros(nbytes, dtype=np.uint8)
+    digest = xxhash.xxh3_64()
+    copy_hashed(dst, memoryview(src.tobytes()), digest)
+    assert np.array_equal(dst, src)
+    assert digest.intdigest() == xxhash.xxh3_64_intdigest(src.tobytes())  # the blocks add up to one hash
