@@ -23,6 +23,7 @@ memory; the receiver's verification and swap stay as they are.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import re
@@ -58,26 +59,37 @@ def shm_host() -> str:
 
 
 def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
-    """Remove the segments of pushers that died mid-push (their pid is gone); the names removed."""
+    """Remove the segments of pushers that died (SIGKILL, OOM) before closing them; the names removed.
+
+    A live pusher holds an exclusive `flock` on its segment for as long as it has it (`ShmSegment`), and the
+    kernel drops the lock when the process dies, however it dies. So a segment whose lock can be taken is
+    an orphan. The lock, not the pid in the name, decides: /dev/shm is shared across PID namespaces
+    (containers with `ipc: host` or a mounted /dev/shm), where a pid means nothing to this process. A
+    segment this process may not open or remove (another user's) is left as it is."""
     removed = []
     for path in directory.glob(f"{PREFIX}*") if directory.is_dir() else ():
-        match = _NAME.match(path.name)
-        if match and not _alive(int(match.group(1))):
+        if _NAME.match(path.name) and _orphan(path):
             try:
                 path.unlink()
                 removed.append(path.name)
-            except FileNotFoundError:
+            except (FileNotFoundError, PermissionError):
                 pass
     return removed
 
 
-def _alive(pid: int) -> bool:
+def _orphan(path: Path) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # gone already, or not ours to read
         return False
-    except PermissionError:
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # its pusher is alive
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the lock just taken, if any
     return True
 
 
@@ -97,20 +109,37 @@ class ShmSegment:
 
     def __init__(self, size: int, directory: Path = SHM_DIR):
         self.size = size
-        self.name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-        self.path = directory / self.name
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = self._create_locked(directory)
         try:
             os.ftruncate(fd, size)
             self.map = mmap.mmap(fd, size)
         except BaseException:
             self.path.unlink(missing_ok=True)
-            raise
-        finally:
             os.close(fd)
+            raise
+        self._lock_fd = fd
+
+    def _create_locked(self, directory: Path) -> int:
+        """A new segment file, locked (held while this process lives: `sweep_stale` leaves it alone). A sweep
+        that took the lock in the instant between creating and locking has removed the name: start again."""
+        for _ in range(8):
+            self.name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+            self.path = directory / self.name
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        raise OSError(f"could not create a shared-memory segment in {directory}: every new name was swept")
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         try:
             self.map.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes with it

@@ -7,6 +7,9 @@ import mmap
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -29,6 +32,11 @@ def segments() -> set[str]:
     return {p.name for p in shm.SHM_DIR.glob(f"{shm.PREFIX}*")}
 
 
+def own_segments() -> set[str]:
+    """This process's: other pushers on the host (another test run, a training run) come and go meanwhile."""
+    return {p.name for p in shm.SHM_DIR.glob(f"{shm.PREFIX}{os.getpid()}-*")}
+
+
 class Counting(shm.ShmPublication):
     created: list[str] = []
 
@@ -45,7 +53,7 @@ def counting(monkeypatch):
 
 
 def test_local_pushes_go_through_one_segment_rewritten_per_version(generator, learner, counting):
-    before = segments()
+    before = own_segments()
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
         outcome = push(pusher, learner.state_dict(), 1, generator)
         assert (outcome.status, outcome.version) == ("ok", 1), outcome.detail
@@ -56,9 +64,9 @@ def test_local_pushes_go_through_one_segment_rewritten_per_version(generator, le
                 t.add_(1.0)
         assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
         assert same(snapshot(generator.model), snapshot(learner))
-        assert len(segments() - before) == 1  # one segment, kept for the next version
+        assert len(own_segments() - before) == 1  # one segment, kept for the next version
     assert len(counting) == 2 and len(set(counting)) == 1  # two versions written into the same segment
-    assert segments() == before  # removed with its pusher
+    assert own_segments() == before  # removed with its pusher
 
 
 def test_two_local_generators_map_the_same_segment(learner, counting):
@@ -75,7 +83,7 @@ def test_two_local_generators_map_the_same_segment(learner, counting):
 
 
 def test_rejected_local_push_keeps_the_old_version_and_leaves_no_segment(generator, counting):
-    before, old = segments(), snapshot(generator.model)
+    before, old = own_segments(), snapshot(generator.model)
     other = tiny_model(seed=0)
     other.model.layers[0].self_attn.q_proj.weight.data = other.model.layers[0].self_attn.q_proj.weight[:32]
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
@@ -83,7 +91,7 @@ def test_rejected_local_push_keeps_the_old_version_and_leaves_no_segment(generat
     assert (outcome.status, outcome.code) == ("rejected", "INVALID_ARGUMENT")
     assert outcome.detail.startswith("shape_mismatch")
     assert same(snapshot(generator.model), old) and generator.receiver.version == 0
-    assert len(counting) == 1 and segments() == before
+    assert len(counting) == 1 and own_segments() == before
 
 
 def _control_stream(learner, version: int, tamper=None):
@@ -171,3 +179,53 @@ def test_a_pusher_killed_mid_push_leaves_nothing_once_a_new_pusher_starts():
     finally:
         mine.close()
     assert mine.name not in segments()
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_lock_not_the_pid_says_a_segment_is_alive(tmp_path):
+    """Across PID namespaces (a learner container sharing the host's /dev/shm) the pid in a name means
+    nothing: CI's compose learner once swept a live host pusher's segment and died on the unlink. A segment
+    whose lock is held survives whatever its name says; once its holder dies, it is swept."""
+    segment = tmp_path / f"{shm.PREFIX}999999999-0a1b2c3d"  # a pid that exists nowhere here
+    segment.write_bytes(b"\0" * 64)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(segment)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert shm.sweep_stale(tmp_path) == [] and segment.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert shm.sweep_stale(tmp_path) == [segment.name] and not segment.exists()
+
+
+def test_a_segment_this_process_may_not_remove_is_left_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    theirs = tmp_path / f"{shm.PREFIX}1-00000000"
+    orphan = tmp_path / f"{shm.PREFIX}2-00000000"
+    theirs.write_bytes(b"")
+    orphan.write_bytes(b"")
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self == theirs:  # another user's file in a sticky /dev/shm: EPERM
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    assert shm.sweep_stale(tmp_path) == [orphan.name]
+    assert theirs.exists()
+
+
+def test_a_new_segment_holds_its_lock_until_closed(tmp_path):
+    segment = shm.ShmSegment(64, tmp_path)
+    assert shm.sweep_stale(tmp_path) == [] and segment.path.exists()  # alive: this process holds the lock
+    segment.close()
+    assert not segment.path.exists()
