@@ -61,7 +61,7 @@ class CoreShare:
                 pid = int(entry.read_text() or 0)
             except (OSError, ValueError):  # removed or half-written between listing and reading
                 continue
-            count += entry.name == self.member or (pid > 0 and _alive(pid))
+            count += pid > 0 and _alive(pid)  # a restarted learner's dead predecessor, same name: not busy
         return count
 
     def threads(self) -> int:

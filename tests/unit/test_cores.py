@@ -101,3 +101,14 @@ def test_entering_and_leaving_leaves_nothing_behind(tmp_path, threads_back):
         with share.busy():
             share.adjust()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dead_predecessor_of_the_same_name_is_not_counted(tmp_path, threads_back):
+    """A learner SIGKILLed while busy left `learner-0` behind; its restarted successor has the same name."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    (tmp_path / "learner-0").write_text(dead.stdout.strip())
+    share = CoreShare(tmp_path, "learner-0", cores=4)
+    assert share.busy_members() == 0
+    with share.busy():
+        assert share.busy_members() == 1 and share.threads() == 4
