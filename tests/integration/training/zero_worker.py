@@ -36,7 +36,7 @@ def user_json(path: str, stage: int) -> str:
 
 
 def case(stage: int, lora: bool, rank: int, out_dir: str) -> dict:
-    path = user_json(f"{out_dir}/ds_zero{stage}.json", stage)
+    path = user_json(f"{out_dir}/ds_zero{stage}-rank{rank}.json", stage)  # one each: a shared file raced
     cfg = load_config(["configs/tiny.yaml"], [f"learner.deepspeed.config_file={path}",
                                               f"learner.lora.enabled={str(lora).lower()}",
                                               "learner.lora.target_modules=[q_proj,v_proj]"])
