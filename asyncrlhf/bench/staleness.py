@@ -8,8 +8,9 @@ the held-out prompts with the gold reward: gold reward, win rate against the ini
 completions, KL to the initial policy. The training reward is the config's (`--reward-model DIR` swaps in a
 proxy RM trained on gold-labelled pairs, as the paper does); the gold reward is `evaluator.gold`.
 
-Writes, in `--out`: `results/<run>.json` per finished run (a study started again skips those and retrains
-an unfinished run from scratch), `study.json`, `win_rate_vs_staleness.png`, `frontier.png`.
+Writes, in `--out`: `results/<run>.json` per finished run (a study started again skips those, retrains an
+unfinished run from scratch, and refuses a result made under other settings: another config or reward
+model), `study.json`, `win_rate_vs_staleness.png`, `frontier.png`.
 
     asyncrlhf bench staleness --quick --json                  # tiny model, 2 algorithms x N in {0, 2}
     asyncrlhf bench staleness --config configs/demo.yaml --seeds 0 1
@@ -18,6 +19,7 @@ an unfinished run from scratch), `study.json`, `win_rate_vs_staleness.png`, `fro
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -64,6 +66,7 @@ class Study:
     mode: str
     root: Path
     _evaluation: object = field(default=None, repr=False)
+    _digests: dict[str, str] = field(default_factory=dict, repr=False)
 
     def name(self, algorithm: str, n: int, seed: int) -> str:
         return f"{algorithm}-{self.mode}{n}-seed{seed}"
@@ -94,6 +97,35 @@ class Study:
                 "redis.persist=false"]
 
 
+def directory_digest(path: Path) -> str:
+    """sha256 over a directory's files (relative names and bytes, in name order), or over one file."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode() + b"\0")
+        with file.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def settings(study: Study, cfg) -> dict[str, str]:
+    """What a run's result depends on besides its name: the resolved config, its run directory aside, with
+    each model scorer's path replaced by a digest of the model's files (a reward model retrained, or moved,
+    is told apart by its bytes, not its path). A result made under other settings is never reused."""
+    data = cfg.model_dump(mode="json")
+    data["run"]["dir"] = data["run"]["token"] = None
+    for scorer in data["reward"]["scorers"]:
+        if scorer["kind"] == "model":
+            path = scorer["path"]
+            if path not in study._digests:
+                study._digests[path] = directory_digest(Path(path))
+            scorer["path"] = f"sha256:{study._digests[path]}"
+    return {"config": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
+            **{f"reward_model_{i}": s["path"] for i, s in enumerate(data["reward"]["scorers"])
+               if s["kind"] == "model"}}
+
+
 def staleness_trained(run_dir: Path, n: int, mode: str) -> dict:
     """What the consumed log says was trained: the staleness histogram over all steps, and its min and max
     after the warm-up (under `exact`, the first N steps train on the initial policy's groups, staleness 0 to
@@ -111,12 +143,16 @@ def staleness_trained(run_dir: Path, n: int, mode: str) -> dict:
     }
 
 
+def run_config(study: Study, algorithm: str, n: int, seed: int):
+    files, overrides = study.algorithm_config(algorithm), study.run_overrides(algorithm, n, seed)
+    return files, overrides, load_config(files, overrides)
+
+
 def train(study: Study, algorithm: str, n: int, seed: int):
     """One run through `asyncrlhf up`, from scratch; returns its config and training seconds."""
     from asyncrlhf.launcher import Launcher
 
-    files, overrides = study.algorithm_config(algorithm), study.run_overrides(algorithm, n, seed)
-    cfg = load_config(files, overrides)
+    files, overrides, cfg = run_config(study, algorithm, n, seed)
     shutil.rmtree(cfg.run.path, ignore_errors=True)  # an unfinished run is never resumed mid-way
     started = time.perf_counter()
     if Launcher(cfg, files, overrides).run() != 0:
@@ -146,14 +182,32 @@ def evaluate(study: Study, cfg) -> dict:
     return {k: scores[k] for k in METRICS}
 
 
+def reusable(path: Path, expected: dict[str, str]) -> dict | None:
+    """A finished run's result, when it was made under the same settings; a result made under others stops
+    the study with what differs (mixing them would compare runs that differ in more than N)."""
+    if not path.exists():
+        return None
+    result = json.loads(path.read_text())
+    made = result.get("settings", {})
+    differ = sorted(k for k in {*made, *expected} if made.get(k) != expected.get(k))
+    if differ:
+        raise SystemExit(
+            f"asyncrlhf bench staleness: {path} was made under other settings ({', '.join(differ)}: "
+            f"{', '.join(f'{made.get(k)} there, {expected.get(k)} now' for k in differ)}). Give this study "
+            f"another --out, or remove {path.parent} to retrain its runs under the current settings.")
+    return result
+
+
 def run_one(study: Study, algorithm: str, n: int, seed: int) -> dict:
-    """The run's result, from `results/` when a previous invocation finished it."""
+    """The run's result, from `results/` when a previous invocation finished it under the same settings."""
     path = study.root / "results" / f"{study.name(algorithm, n, seed)}.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    expected = settings(study, run_config(study, algorithm, n, seed)[2])
+    if (result := reusable(path, expected)) is not None:
+        return result
     cfg, seconds = train(study, algorithm, n, seed)
     result = {"algorithm": algorithm, "staleness": n, "mode": study.mode, "seed": seed,
-              **staleness_trained(cfg.run.path, n, study.mode), **evaluate(study, cfg), "seconds": seconds}
+              **staleness_trained(cfg.run.path, n, study.mode), **evaluate(study, cfg), "seconds": seconds,
+              "settings": expected}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return result

@@ -55,3 +55,37 @@ def test_each_algorithm_gets_the_config_without_the_other_algorithms_sections(tm
     assert load_config(study.algorithm_config("online_dpo")).learner.online_dpo.beta == 0.1
     with pytest.raises(SystemExit, match="unknown algorithm 'sac'"):
         study.algorithm_config("sac")
+
+
+def test_a_result_is_reused_only_under_the_same_config_and_reward_model_bytes(tmp_path):
+    from asyncrlhf.bench.staleness import Study, reusable, run_config, settings
+
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / "model.safetensors").write_bytes(b"weights v1")
+
+    def fingerprint(root, overrides=()):
+        study = Study(["configs/tiny.yaml"], [*overrides, f"reward.scorers=[{{kind: model, path: {rm}}}]"],
+                      ["rloo"], [0, 2], [0], 5, "exact", root)
+        return settings(study, run_config(study, "rloo", 2, 0)[2])
+
+    first = fingerprint(tmp_path / "a")
+    assert set(first) == {"config", "reward_model_0"}
+    # another --out (run.dir) is the same study; copied results resume there
+    assert fingerprint(tmp_path / "b") == first
+    assert fingerprint(tmp_path / "a", ["learner.lr=1e-3"])["config"] != first["config"]
+    (rm / "model.safetensors").write_bytes(b"weights v2")  # retrained: same path, other bytes
+    retrained = fingerprint(tmp_path / "a")
+    assert retrained["reward_model_0"] != first["reward_model_0"]
+    assert retrained["config"] != first["config"]
+
+    path = tmp_path / "results" / "rloo-exact2-seed0.json"
+    assert reusable(path, first) is None  # not made yet
+    path.parent.mkdir()
+    path.write_text(json.dumps({"gold_reward": 0.5, "settings": first}))
+    assert reusable(path, first)["gold_reward"] == 0.5
+    with pytest.raises(SystemExit, match=r"other settings \(config, reward_model_0.*another --out"):
+        reusable(path, retrained)
+    path.write_text(json.dumps({"gold_reward": 0.5}))  # made before results carried their settings
+    with pytest.raises(SystemExit, match="other settings"):
+        reusable(path, first)
