@@ -35,6 +35,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands that parse their own arguments (argparse or a usage of their own) answer `--help` themselves; the
+# others take config files and overrides, where `--help` would read as an override without a value.
+OWN_HELP = ("up", "report", "audit", "bench")
+CONFIG_ARGS = (
+    "Config: one or more YAML files (`CONFIG.yaml` or `--config FILE`, later ones override earlier),\n"
+    "then overrides as `key=value` or `--key value` (e.g. `learner.lr=1e-4`).\n"
+    "`asyncrlhf config show CONFIG.yaml` prints every key with its resolved value."
+)
+
+
+def _command_help(name: str, module) -> str:
+    doc = (module.__doc__ or "").strip()
+    return f"asyncrlhf {name}: {COMMANDS[name][1]}\n\n{doc}\n\n{CONFIG_ARGS}" if doc else CONFIG_ARGS
+
+
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: asyncrlhf <command> [args]", "", "commands:"]
@@ -59,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"asyncrlhf: `{name}` is not built yet", file=sys.stderr)
             return 2
         raise
+    if name not in OWN_HELP and {"-h", "--help"} & set(rest):
+        print(_command_help(name, module))
+        return 0
     return int(module.main(rest) or 0)
 
 

@@ -257,6 +257,9 @@ def write_report(run_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["-h"], ["--help"]):
+        print("usage: asyncrlhf report RUN_DIR")
+        return 0
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: asyncrlhf report RUN_DIR", file=sys.stderr)
         return 2

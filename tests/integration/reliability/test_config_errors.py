@@ -53,3 +53,18 @@ def test_a_config_error_exits_2_with_the_key_and_no_traceback(bad_files, args, m
     out = done.stdout + done.stderr
     assert done.returncode == 2, out[-2000:]
     assert message in out and "Traceback" not in out, out[-2000:]
+
+
+HELP = ["learner", "generator", "reward", "evaluator", "sft", "train-rm", "relabel", "generate", "eval",
+        "pipeline", "config", "up", "audit", "report"]
+
+
+def test_help_on_every_command_prints_its_usage_and_exits_0():
+    # `--help` used to read as an override without a value on every config-taking command (exit 2)
+    for command in HELP:
+        done = subprocess.run([sys.executable, "-m", "asyncrlhf.cli", command, "--help"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = done.stdout + done.stderr
+        assert done.returncode == 0 and "has no value" not in out and "Traceback" not in out, (command, out)
+        assert f"asyncrlhf {command}" in out or f"services.{command}" in out, (command, out)
