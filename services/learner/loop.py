@@ -163,6 +163,7 @@ class Learner:
         self.trackers.log_scalars(step_scalars(stats, [g.decision.staleness for g in groups], step_s, lr),
                                   step=self.state.version - 1)
         if publish:
+            self.schedule.settle(batch, self.state.version - 1, self.stop, self.weights.sync_late_generators)
             self.weights.publish(self.state.version)
         self.schedule.release(batch, self.state.version)  # before events and checkpoints: no generator waits
         ids = [g.message.group_id for g in groups]

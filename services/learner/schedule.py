@@ -42,7 +42,7 @@ from asyncrlhf.tasks import fit_prompts, load_task, plain_text
 from asyncrlhf.training.batch import TrainGroup, validate_group
 from asyncrlhf.training.checkpoint import LearnerState
 from services.learner.feed import PromptFeed, group_index
-from services.learner.held import HeldGroups, collect_held
+from services.learner.held import HeldGroups, collect_held, settle_held
 from services.learner.metrics import LearnerMetrics
 from services.learner.recovery import recover, requeue
 
@@ -161,6 +161,14 @@ class Schedule:
                 self._admit(delivery, batch, version)
         self.metrics.wait.inc(time.perf_counter() - waited)
         return batch.sorted()
+
+    def settle(self, batch: StepBatch, version: int, stop: threading.Event,
+               while_waiting: Callable[[], None]) -> None:
+        """Before pushing the version after `version` (`batch` trained, its credits not yet freed): under a
+        controlled staleness mode, wait until every group enqueued under `version` has arrived (see
+        `services.learner.held`)."""
+        if self.cfg.learner.staleness_mode != "bound":
+            settle_held(self, version, len(batch.deliveries), stop, while_waiting)
 
     def trained(self, batch: StepBatch, version: int) -> None:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""

@@ -35,7 +35,8 @@ def scored_group(prompt: PromptGroup, version: int) -> RolloutGroup:
 
 
 class Actor:
-    def __init__(self, cfg: Config, redis_url: str, *, version_offset=lambda group_id: 0):
+    def __init__(self, cfg: Config, redis_url: str, *, version_offset=lambda group_id: 0,
+                 answers=lambda version: True):
         self.cfg = cfg
         self.client = redis.Redis.from_url(redis_url)
         self.streams = RunStreams(self.client, cfg.run.name, cfg.redis)
@@ -47,6 +48,7 @@ class Actor:
                                    lambda: self.receiver.version, period_s=0.2,
                                    lineage=lambda: self.receiver.lineage).start()
         self.version_offset = version_offset
+        self.answers = answers  # whether it answers prompts now, holding weights of `version`
         self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
         self.generated_by: dict[str, int] = {}  # the version each group was tagged with, by id
         self.stop = threading.Event()
@@ -60,7 +62,7 @@ class Actor:
         consumer = self.streams.consumer(PROMPTS, GENERATOR_GROUP, "actor")
         out = self.streams.producer(SCORED)
         while not self.stop.is_set():
-            if self.receiver.version < 1:  # no weights yet: generate nothing
+            if self.receiver.version < 1 or not self.answers(self.receiver.version):  # no weights yet
                 time.sleep(0.02)
                 continue
             deliveries = consumer.read(8, block_ms=50)

@@ -62,3 +62,24 @@ def test_a_controlled_run_refuses_to_resume_mid_way(tmp_path, redis_url, run_nam
     run_learner(cfg, redis_url)
     with pytest.raises(RuntimeError, match="cannot resume run .* start a new run"):
         Learner(cfg)
+
+
+def test_exact_staleness_trains_while_the_current_version_generates(tmp_path, redis_url, run_name):
+    # The stand-in generator answers version v's prompts only once step v has been trained. A learner that
+    # waited for the current window before training (as it did) would never train step v: here every step
+    # trains on an earlier window's groups while v's are generated, and the push of v + 1 waits for them.
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.staleness_mode=exact",
+                         "learner.max_staleness=1", "learner.total_steps=5")
+    log = cfg.run.path / "consumed.jsonl"
+
+    def answers(version):
+        if version == 1:  # the initial policy's window feeds the first step (and the second, N = 1)
+            return True
+        trained = [r for r in consumed(cfg) if r["kind"] == "trained"] if log.exists() else []
+        return any(r["version"] - 1 == version for r in trained)
+
+    learner, actor = run_learner(cfg, redis_url, answers=answers)
+    steps = trained_versions(cfg, actor)
+    assert [s for _, s, _ in steps] == [[0] * 3, [1] * 3, [1] * 3, [1] * 3, [1] * 3]
+    assert all(version - g == 1 for version, _, gs in steps[1:] for g in gs)
+    assert not [r for r in consumed(cfg) if r["kind"] == "dropped"]
