@@ -26,6 +26,11 @@ from asyncrlhf.config import Config
 ENV = "ASYNCRLHF_CORES"  # the shared directory, set by the launcher; unset: fixed threads
 
 
+def share_dir(run_dir: Path) -> Path:
+    """Where a run's core share keeps one file per busy member (`ENV` names it to each service)."""
+    return run_dir / "cores"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

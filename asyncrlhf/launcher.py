@@ -27,7 +27,7 @@ from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
-from asyncrlhf.cores import service_threads, shares_cores
+from asyncrlhf.cores import service_threads, share_dir, shares_cores
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
@@ -103,7 +103,7 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
             if kind in cfg.launch.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
             if shares_cores(cfg, kind):
-                env[CORES_ENV] = str(cfg.run.path / "cores")
+                env[CORES_ENV] = str(share_dir(cfg.run.path))
             config_args = [a for f in files for a in ("--config", f)]
             server = [f"redis.url={redis_url}"] if redis_url else []
             args = [*config_args, *overrides, *server, f"{kind}.http_port={port}"]
@@ -192,7 +192,7 @@ class Launcher:
         self.services = plan(self.cfg, self.files, self.overrides, url)
         for svc in self.services:  # an earlier run's last values are not this run's
             names.final_metrics_path(run_dir, svc.name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "cores", ignore_errors=True)  # members an earlier run left busy
+        shutil.rmtree(share_dir(run_dir), ignore_errors=True)  # members an earlier run left busy
         print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), "
               f"Redis {url or self.cfg.redis.where}", flush=True)
         self.started_at = time.time()
