@@ -97,10 +97,15 @@ class Study:
                 "redis.persist=false"]
 
 
+NOT_THE_MODEL = ("training.json",)  # train-rm's summary: its timings differ run to run, the model does not
+
+
 def directory_digest(path: Path) -> str:
-    """sha256 over a directory's files (relative names and bytes, in name order), or over one file."""
+    """sha256 over a model directory's files (relative names and bytes, in name order; the training summary
+    aside), or over one file."""
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = ([p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in NOT_THE_MODEL]
+             if path.is_dir() else [path])
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode() + b"\0")
         with file.open("rb") as f:

@@ -71,6 +71,8 @@ def test_a_result_is_reused_only_under_the_same_config_and_reward_model_bytes(tm
 
     first = fingerprint(tmp_path / "a")
     assert set(first) == {"config", "reward_model_0"}
+    (rm / "training.json").write_text('{"seconds": 517.2}')  # train-rm's summary: timings, not the model
+    assert fingerprint(tmp_path / "a") == first
     # another --out (run.dir) is the same study; copied results resume there
     assert fingerprint(tmp_path / "b") == first
     assert fingerprint(tmp_path / "a", ["learner.lr=1e-3"])["config"] != first["config"]
