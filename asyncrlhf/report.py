@@ -255,13 +255,16 @@ def write_report(run_dir: Path) -> Path:
     return path
 
 
+USAGE = "usage: asyncrlhf report RUN_DIR"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["-h"], ["--help"]):
-        print("usage: asyncrlhf report RUN_DIR")
+        print(USAGE)
         return 0
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: asyncrlhf report RUN_DIR", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     run_dir = Path(args[0])
     if not run_dir.is_dir():

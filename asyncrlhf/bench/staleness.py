@@ -153,16 +153,15 @@ def run_config(study: Study, algorithm: str, n: int, seed: int):
     return files, overrides, load_config(files, overrides)
 
 
-def train(study: Study, algorithm: str, n: int, seed: int):
-    """One run through `asyncrlhf up`, from scratch; returns its config and training seconds."""
+def train(files: list[str], overrides: list[str], cfg) -> float:
+    """One run through `asyncrlhf up`, from scratch; returns its training seconds."""
     from asyncrlhf.launcher import Launcher
 
-    files, overrides, cfg = run_config(study, algorithm, n, seed)
     shutil.rmtree(cfg.run.path, ignore_errors=True)  # an unfinished run is never resumed mid-way
     started = time.perf_counter()
     if Launcher(cfg, files, overrides).run() != 0:
         raise RuntimeError(f"the run {cfg.run.name} failed; see {cfg.run.path / 'logs'}")
-    return cfg, time.perf_counter() - started
+    return time.perf_counter() - started
 
 
 def gold_evaluation(study: Study):
@@ -206,10 +205,11 @@ def reusable(path: Path, expected: dict[str, str]) -> dict | None:
 def run_one(study: Study, algorithm: str, n: int, seed: int) -> dict:
     """The run's result, from `results/` when a previous invocation finished it under the same settings."""
     path = study.root / "results" / f"{study.name(algorithm, n, seed)}.json"
-    expected = settings(study, run_config(study, algorithm, n, seed)[2])
+    files, overrides, cfg = run_config(study, algorithm, n, seed)
+    expected = settings(study, cfg)
     if (result := reusable(path, expected)) is not None:
         return result
-    cfg, seconds = train(study, algorithm, n, seed)
+    seconds = train(files, overrides, cfg)
     result = {"algorithm": algorithm, "staleness": n, "mode": study.mode, "seed": seed,
               **staleness_trained(cfg.run.path, n, study.mode), **evaluate(study, cfg), "seconds": seconds,
               "settings": expected}

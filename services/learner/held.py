@@ -6,10 +6,9 @@ does not push the next version before every group enqueued under the current one
 no group is generated across a weight push: each carries the version that was current when it was enqueued
 (the window). A step that trains an earlier window's groups (exact, N >= 1, after the first step) trains
 while the current window generates, as an asynchronous run does; a step that trains its own window's groups
-(N = 0, the paper's cycles) waits for them first. A group
-of any other version (a generator that missed a push) is dropped as off-schedule and replaced while the
-window is open. Held groups stay pending in the scored stream (acked when trained); `keep` stops the stream
-from re-claiming them as stalled.
+(N = 0, the paper's cycles) waits for them first. A group of any other version (a generator that missed a
+push) is dropped as off-schedule and replaced while the window is open. Held groups stay pending in the
+scored stream (acked when trained); `keep` stops the stream from re-claiming them as stalled.
 """
 
 from __future__ import annotations
@@ -68,7 +67,8 @@ class HeldGroups:
 def collect_held(schedule: Schedule, version: int, stop: threading.Event,
                  while_waiting: Callable[[], None]) -> tuple[list[Delivery], StalenessDecision] | None:
     """Controlled staleness: wait until every enqueued group has arrived (none is generated across the
-    coming push), then take the step's groups from those of their generating version."""
+    coming push) when the step trains its own window's groups, else only until its source's groups are held;
+    then take the step's groups from those of their generating version."""
     lc = schedule.cfg.learner
     source = generating_version(version, lc.max_staleness, lc.staleness_mode)
     # an earlier window is complete (its push waited for it): train while this version's window generates
@@ -94,12 +94,17 @@ def collect_held(schedule: Schedule, version: int, stop: threading.Event,
                 f"controlled staleness: version {version} needs {lc.groups_per_step} groups of version "
                 f"{source}, {schedule.held.count(source)} are left and none is in flight"
             )
-        for delivery in schedule.consumer.read(outstanding):
-            admit_held(schedule, delivery, version)
-        schedule.held.keep()
+        _admit_arrivals(schedule, version, outstanding)
     schedule.metrics.wait.inc(time.perf_counter() - waited)
     deliveries = schedule.held.take(source, lc.groups_per_step)
     return deliveries, staleness_decision(source, version, lc.max_staleness, lc.stale_policy)
+
+
+def _admit_arrivals(schedule: Schedule, version: int, outstanding: int) -> None:
+    for delivery in schedule.consumer.read(outstanding):
+        admit_held(schedule, delivery, version)
+    schedule.held.keep()
+
 
 def settle_held(schedule: Schedule, version: int, trained: int, stop: threading.Event,
                 while_waiting: Callable[[], None]) -> None:
@@ -112,9 +117,7 @@ def settle_held(schedule: Schedule, version: int, trained: int, stop: threading.
         schedule._fill(version)
         while_waiting()
         schedule._reap_dead_letters(version)
-        for delivery in schedule.consumer.read(outstanding):
-            admit_held(schedule, delivery, version)
-        schedule.held.keep()
+        _admit_arrivals(schedule, version, outstanding)
     schedule.metrics.wait.inc(time.perf_counter() - waited)
 
 
