@@ -33,6 +33,7 @@ from typing import Any, get_args
 
 import yaml
 
+from asyncrlhf.bench.digest import model_digest
 from asyncrlhf.config import (
     BestOfNLearnerConfig,
     OnlineDPOLearnerConfig,
@@ -97,34 +98,18 @@ class Study:
                 "redis.persist=false"]
 
 
-NOT_THE_MODEL = ("training.json",)  # train-rm's summary: its timings differ run to run, the model does not
-
-
-def directory_digest(path: Path) -> str:
-    """sha256 over a model directory's files (relative names and bytes, in name order; the training summary
-    aside), or over one file."""
-    digest = hashlib.sha256()
-    files = ([p for p in sorted(path.rglob("*")) if p.is_file() and p.name not in NOT_THE_MODEL]
-             if path.is_dir() else [path])
-    for file in files:
-        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode() + b"\0")
-        with file.open("rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def settings(study: Study, cfg) -> dict[str, str]:
     """What a run's result depends on besides its name: the resolved config, its run directory aside, with
-    each model scorer's path replaced by a digest of the model's files (a reward model retrained, or moved,
-    is told apart by its bytes, not its path). A result made under other settings is never reused."""
+    each model scorer's path replaced by a digest of the model (`digest.model_digest`: its tensors and
+    settings, not how a library version serialised them; a reward model retrained, or moved, is told apart
+    by what it computes with, not by its path). A result made under other settings is never reused."""
     data = cfg.model_dump(mode="json")
     data["run"]["dir"] = data["run"]["token"] = None
     for scorer in data["reward"]["scorers"]:
         if scorer["kind"] == "model":
             path = scorer["path"]
             if path not in study._digests:
-                study._digests[path] = directory_digest(Path(path))
+                study._digests[path] = model_digest(Path(path))
             scorer["path"] = f"sha256:{study._digests[path]}"
     return {"config": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
             **{f"reward_model_{i}": s["path"] for i, s in enumerate(data["reward"]["scorers"])

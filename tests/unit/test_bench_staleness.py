@@ -57,12 +57,15 @@ def test_each_algorithm_gets_the_config_without_the_other_algorithms_sections(tm
         study.algorithm_config("sac")
 
 
-def test_a_result_is_reused_only_under_the_same_config_and_reward_model_bytes(tmp_path):
+def test_a_result_is_reused_only_under_the_same_config_and_reward_model(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     from asyncrlhf.bench.staleness import Study, reusable, run_config, settings
 
     rm = tmp_path / "rm"
     rm.mkdir()
-    (rm / "model.safetensors").write_bytes(b"weights v1")
+    save_file({"score.weight": torch.ones(2, 3)}, rm / "model.safetensors")
 
     def fingerprint(root, overrides=()):
         study = Study(["configs/tiny.yaml"], [*overrides, f"reward.scorers=[{{kind: model, path: {rm}}}]"],
@@ -76,7 +79,7 @@ def test_a_result_is_reused_only_under_the_same_config_and_reward_model_bytes(tm
     # another --out (run.dir) is the same study; copied results resume there
     assert fingerprint(tmp_path / "b") == first
     assert fingerprint(tmp_path / "a", ["learner.lr=1e-3"])["config"] != first["config"]
-    (rm / "model.safetensors").write_bytes(b"weights v2")  # retrained: same path, other bytes
+    save_file({"score.weight": torch.full((2, 3), 2.0)}, rm / "model.safetensors")  # retrained: same path
     retrained = fingerprint(tmp_path / "a")
     assert retrained["reward_model_0"] != first["reward_model_0"]
     assert retrained["config"] != first["config"]
