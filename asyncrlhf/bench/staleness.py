@@ -14,6 +14,7 @@ model), `study.json`, `win_rate_vs_staleness.png`, `frontier.png`.
 
     asyncrlhf bench staleness --quick --json                  # tiny model, 2 algorithms x N in {0, 2}
     asyncrlhf bench staleness --config configs/demo.yaml --seeds 0 1
+    asyncrlhf bench staleness --config configs/demo.yaml --seeds 0 1 --finished-only   # so far, no training
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Study:
     steps: int
     mode: str
     root: Path
+    train: bool = True  # False: `--finished-only`, the table and plots of the runs already finished
     _evaluation: object = field(default=None, repr=False)
     _digests: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -187,12 +189,13 @@ def reusable(path: Path, expected: dict[str, str]) -> dict | None:
     return result
 
 
-def run_one(study: Study, algorithm: str, n: int, seed: int) -> dict:
-    """The run's result, from `results/` when a previous invocation finished it under the same settings."""
+def run_one(study: Study, algorithm: str, n: int, seed: int) -> dict | None:
+    """The run's result, from `results/` when a previous invocation finished it under the same settings;
+    None for a run not finished yet when the study trains nothing (`--finished-only`)."""
     path = study.root / "results" / f"{study.name(algorithm, n, seed)}.json"
     files, overrides, cfg = run_config(study, algorithm, n, seed)
     expected = settings(study, cfg)
-    if (result := reusable(path, expected)) is not None:
+    if (result := reusable(path, expected)) is not None or not study.train:
         return result
     seconds = train(files, overrides, cfg)
     result = {"algorithm": algorithm, "staleness": n, "mode": study.mode, "seed": seed,
@@ -285,6 +288,10 @@ def parse(argv: Sequence[str]) -> tuple[Study, bool]:
     parser.add_argument("--mode", choices=("exact", "paper"), default="exact")
     parser.add_argument("--reward-model", help="a proxy RM directory (train-rm's output) to train against")
     parser.add_argument("--quick", action="store_true", help="tiny model, online_dpo and rloo, N in {0, 2}")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="train nothing: the table and plots of the runs already finished in --out, the "
+                             "others listed as missing (a study under way, or one algorithm's runs beside "
+                             "another's)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=None, help="default runs/bench-staleness[-quick]")
     args, rest = parser.parse_known_args(argv)
@@ -300,7 +307,7 @@ def parse(argv: Sequence[str]) -> tuple[Study, bool]:
         parser.error(f"--steps {steps} leaves no step after the warm-up of N={max(staleness)}: use more")
     out = Path(args.out or ("runs/bench-staleness-quick" if args.quick else "runs/bench-staleness"))
     study = Study(files, overrides, args.algorithms or quick.get("algorithms") or list(ALGORITHMS), staleness,
-                  args.seeds, steps, args.mode, out)
+                  args.seeds, steps, args.mode, out, train=not args.finished_only)
     out.mkdir(parents=True, exist_ok=True)
     for algorithm in study.algorithms:  # fail before the first run, not after hours
         load_config(study.algorithm_config(algorithm), study.run_overrides(algorithm, max(staleness), 0))
@@ -311,18 +318,30 @@ def main(argv: Sequence[str]) -> int:
     study, as_json = parse(argv)
     study.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    runs = [run_one(study, a, n, seed)
-            for seed in study.seeds for a in study.algorithms for n in study.staleness]
+    runs, missing = [], []
+    for seed in study.seeds:
+        for algorithm in study.algorithms:
+            for n in study.staleness:
+                result = run_one(study, algorithm, n, seed)
+                if result is None:
+                    missing.append(study.name(algorithm, n, seed))
+                else:
+                    runs.append(result)
+    if not runs:
+        raise SystemExit(f"asyncrlhf bench staleness: no run of this study has finished in {study.root}; "
+                         "run it without --finished-only to train them")
     table = summarize(runs)
     plots = plot(table, study.root, study.mode)
-    result = {"mode": study.mode, "steps": study.steps, "seeds": study.seeds, "runs": runs, "table": table,
-              "plots": plots, "seconds": time.perf_counter() - started}
+    result = {"mode": study.mode, "steps": study.steps, "seeds": study.seeds, "runs": runs,
+              "missing": missing, "table": table, "plots": plots, "seconds": time.perf_counter() - started}
     (study.root / "study.json").write_text(json.dumps(result, indent=2))
     if as_json:
         print(json.dumps(result))
     else:
         print_table(table, runs)
         print(f"plots: {plots['win_rate_vs_staleness']}, {plots['frontier']}")
+        if missing:
+            print(f"not finished yet ({len(missing)}): {', '.join(missing)}")
     return 0
 
 

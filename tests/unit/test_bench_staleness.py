@@ -94,3 +94,26 @@ def test_a_result_is_reused_only_under_the_same_config_and_reward_model(tmp_path
     path.write_text(json.dumps({"gold_reward": 0.5}))  # made before results carried their settings
     with pytest.raises(SystemExit, match="other settings"):
         reusable(path, first)
+
+
+def test_finished_only_tables_the_finished_runs_lists_the_others_and_trains_nothing(tmp_path, capsys):
+    from asyncrlhf.bench.staleness import main, parse, run_config, settings
+
+    argv = ["--quick", "--finished-only", "--json", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="no run of this study has finished .*without --finished-only"):
+        main(argv)
+    study, _ = parse(argv)
+    result = {"algorithm": "rloo", "staleness": 2, "mode": "exact", "seed": 0, "min_staleness_trained": 2,
+              "max_staleness_trained": 2, "staleness_histogram": {"0": 2, "1": 2, "2": 6}, "steps": 5,
+              "gold_reward": 0.25, "win_rate": 0.625, "kl": 1.5, "seconds": 60.0,
+              "settings": settings(study, run_config(study, "rloo", 2, 0)[2])}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "rloo-exact2-seed0.json").write_text(json.dumps(result))
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["gold_reward"] for r in out["runs"]] == [0.25]
+    assert out["missing"] == ["online_dpo-exact0-seed0", "online_dpo-exact2-seed0", "rloo-exact0-seed0"]
+    assert not (tmp_path / "runs").exists()  # nothing trained
+    assert (tmp_path / "frontier.png").exists()
+    assert len(json.loads((tmp_path / "study.json").read_text())["missing"]) == 3
