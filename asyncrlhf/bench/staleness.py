@@ -318,15 +318,10 @@ def main(argv: Sequence[str]) -> int:
     study, as_json = parse(argv)
     study.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    runs, missing = [], []
-    for seed in study.seeds:
-        for algorithm in study.algorithms:
-            for n in study.staleness:
-                result = run_one(study, algorithm, n, seed)
-                if result is None:
-                    missing.append(study.name(algorithm, n, seed))
-                else:
-                    runs.append(result)
+    results = {(a, n, seed): run_one(study, a, n, seed)
+               for seed in study.seeds for a in study.algorithms for n in study.staleness}
+    runs = [r for r in results.values() if r is not None]
+    missing = [study.name(*key) for key, r in results.items() if r is None]
     if not runs:
         raise SystemExit(f"asyncrlhf bench staleness: no run of this study has finished in {study.root}; "
                          "run it without --finished-only to train them")
