@@ -118,6 +118,17 @@ def settings(study: Study, cfg) -> dict[str, str]:
                if s["kind"] == "model"}}
 
 
+def pin_recorded_models(study: Study, cfg, recorded: dict[str, str]) -> None:
+    """`--finished-only` trains nothing, so the reward models it compares results under are the ones the
+    results recorded, not whatever is at the scorer's path on this machine (train-rm is deterministic on one
+    machine, not across CPUs: a rebuild elsewhere has other tensors). The first result read pins each
+    model scorer's digest; every other result must then match it and the rest of the config as usual."""
+    for i, scorer in enumerate(cfg.reward.scorers):
+        digest = recorded.get(f"reward_model_{i}", "")
+        if scorer.kind == "model" and digest.startswith("sha256:"):
+            study._digests.setdefault(scorer.path, digest.removeprefix("sha256:"))
+
+
 def staleness_trained(run_dir: Path, n: int, mode: str) -> dict:
     """What the consumed log says was trained: the staleness histogram over all steps, and its min and max
     after the warm-up (under `exact`, the first N steps train on the initial policy's groups, staleness 0 to
@@ -194,6 +205,10 @@ def run_one(study: Study, algorithm: str, n: int, seed: int) -> dict | None:
     None for a run not finished yet when the study trains nothing (`--finished-only`)."""
     path = study.root / "results" / f"{study.name(algorithm, n, seed)}.json"
     files, overrides, cfg = run_config(study, algorithm, n, seed)
+    if not study.train:
+        if not path.exists():
+            return None
+        pin_recorded_models(study, cfg, json.loads(path.read_text()).get("settings", {}))
     expected = settings(study, cfg)
     if (result := reusable(path, expected)) is not None or not study.train:
         return result

@@ -117,3 +117,43 @@ def test_finished_only_tables_the_finished_runs_lists_the_others_and_trains_noth
     assert not (tmp_path / "runs").exists()  # nothing trained
     assert (tmp_path / "frontier.png").exists()
     assert len(json.loads((tmp_path / "study.json").read_text())["missing"]) == 3
+
+
+def test_finished_only_compares_results_under_the_reward_model_they_recorded_not_a_local_rebuild(tmp_path,
+                                                                                               capsys):
+    """train-rm is deterministic on one machine, not across CPUs: a rebuild elsewhere has other tensors.
+    --finished-only trains nothing, so it tables results made under the RM they recorded; results made
+    under two different RMs are still never mixed."""
+    import torch
+    from safetensors.torch import save_file
+
+    from asyncrlhf.bench.staleness import main, parse, run_config, settings
+
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    save_file({"score.weight": torch.ones(2, 3)}, rm / "model.safetensors")
+    out = tmp_path / "study"
+    argv = ["--quick", "--finished-only", "--json", "--out", str(out), "--reward-model", str(rm)]
+    study, _ = parse(argv)
+
+    def result(algorithm, n):
+        return {"algorithm": algorithm, "staleness": n, "mode": "exact", "seed": 0, "min_staleness_trained": n,
+                "max_staleness_trained": n, "staleness_histogram": {str(n): 10}, "steps": 5,
+                "gold_reward": 0.25, "win_rate": 0.625, "kl": 1.5, "seconds": 60.0,
+                "settings": settings(study, run_config(study, algorithm, n, 0)[2])}
+
+    made = [result("rloo", 0), result("rloo", 2)]
+    (out / "results").mkdir(parents=True)
+    for r in made:
+        (out / "results" / f"rloo-exact{r['staleness']}-seed0.json").write_text(json.dumps(r))
+    save_file({"score.weight": torch.full((2, 3), 1.0 + 1e-6)}, rm / "model.safetensors")  # rebuilt elsewhere
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert [r["staleness"] for r in json.loads(capsys.readouterr().out)["runs"]] == [0, 2]
+    # a result made under the rebuilt RM does not join the others
+    study2, _ = parse(argv)
+    mixed = {**made[1], "settings": settings(study2, run_config(study2, "rloo", 2, 0)[2])}
+    assert mixed["settings"]["reward_model_0"] != made[1]["settings"]["reward_model_0"]
+    (out / "results" / "rloo-exact2-seed0.json").write_text(json.dumps(mixed))
+    with pytest.raises(SystemExit, match=r"rloo-exact2-seed0.json was made under other settings"):
+        main(argv)
