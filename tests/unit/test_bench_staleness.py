@@ -137,8 +137,9 @@ def test_finished_only_compares_results_under_the_reward_model_they_recorded_not
     study, _ = parse(argv)
 
     def result(algorithm, n):
-        return {"algorithm": algorithm, "staleness": n, "mode": "exact", "seed": 0, "min_staleness_trained": n,
-                "max_staleness_trained": n, "staleness_histogram": {str(n): 10}, "steps": 5,
+        return {"algorithm": algorithm, "staleness": n, "mode": "exact", "seed": 0,
+                "min_staleness_trained": n, "max_staleness_trained": n,
+                "staleness_histogram": {str(n): 10}, "steps": 5,
                 "gold_reward": 0.25, "win_rate": 0.625, "kl": 1.5, "seconds": 60.0,
                 "settings": settings(study, run_config(study, algorithm, n, 0)[2])}
 
