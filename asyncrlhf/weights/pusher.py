@@ -4,10 +4,11 @@
 every target concurrently, each with its own deadline; it returns one `PushOutcome` per target: ok, rejected
 (the receiver's reason) or unreachable. Each version is prepared once per path, whatever the number of
 targets: targets that share this host's shared memory (their GetStatus says so, asked once per address) get
-the bytes through the pusher's shared-memory segment (`shm`: written once per version, kept for the next,
-removed at `close`) and only control messages over gRPC; the others get
-one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all
-of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then on.
+the bytes through the pusher's shared-memory segments (`shm`: written once per version, adopted in place by
+the receivers, rewritten once none holds them, removed at `close`) and only control messages over gRPC; the
+others get one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it —
+once for all of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then
+on.
 
 With `relay_fanout` k > 0 the streamed targets form a relay tree (`relay.py`): the pusher streams to k of
 them, and each generator that commits the version forwards it to its part of the tree, so this pusher's
@@ -34,7 +35,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, commit_message, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
-from asyncrlhf.weights.shm import ShmPublication, ShmSegment, layout, shm_host, sweep_stale
+from asyncrlhf.weights.shm import SegmentPool, ShmPublication, layout, shm_host, sweep_stale
 from asyncrlhf.weights.stream import EncodedOnce
 
 PushStatus = Literal["ok", "rejected", "unreachable"]
@@ -140,7 +141,7 @@ class WeightPusher:
         self._credentials, self._channel_options = credentials, list(channel_options)
         self._shm_host = shm_host() if shm else ""
         self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
-        self._segment: ShmSegment | None = None  # rewritten in place version after version
+        self._segments = SegmentPool()  # rewritten in place, each once no receiver holds it
         self._segment_lock = threading.Lock()
         if self._shm_host:
             sweep_stale()  # segments of a pusher that was killed mid-push
@@ -208,17 +209,14 @@ class WeightPusher:
                 finally:
                     if segment is not None:
                         segment.finish()
+                        self._segments.trim(segment.segment, receivers=sum(self._local.values()))
                     if shared is not None:
                         shared.close()
 
     def _publish_locally(self, tensors: Sequence[WireTensor], version: int, lineage: int) -> ShmPublication:
-        """Write `version` into this pusher's segment (made, or made larger, as needed)."""
+        """Write `version` into a segment no local receiver holds (`SegmentPool.claim`)."""
         _, size = layout(tensors)
-        if self._segment is None or self._segment.size < size:
-            if self._segment is not None:
-                self._segment.close()
-            self._segment = ShmSegment(size)
-        return ShmPublication(tensors, version, self._segment, lineage)
+        return ShmPublication(tensors, version, self._segments.claim(size), lineage)
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
         stub = pb_grpc.WeightSyncStub(self._channel(address))
@@ -230,9 +228,7 @@ class WeightPusher:
                 channel.close()
             self._channels.clear()
         with self._segment_lock:
-            if self._segment is not None:
-                self._segment.close()  # no segment outlives its pusher
-                self._segment = None
+            self._segments.close()  # no segment outlives its pusher
 
     def __enter__(self) -> WeightPusher:
         return self

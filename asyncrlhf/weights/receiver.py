@@ -15,31 +15,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
-import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor, copy_hashed
-from asyncrlhf.weights.shm import SegmentReader
+from asyncrlhf.weights.codec import FROM_WIRE, WireTensor
+from asyncrlhf.weights.shm_read import Lease, SegmentMaps, SegmentReader
+from asyncrlhf.weights.staging import InPlace, PushRejected, Reason, Staging
 
-Reason = Literal[
-    "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
-    "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors", "stale_lineage",
-    "shm_unavailable",
-]
-
-
-class PushRejected(Exception):
-    """A push the receiver refuses; nothing live was changed."""
-
-    def __init__(self, reason: Reason, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-
+__all__ = ["PushRejected", "Reason", "WeightTarget", "ModuleTarget", "PushResult", "ReceiverStatus",
+           "WeightReceiver", "swap_in"]
 
 class WeightTarget(Protocol):
     """What weights are applied to: the live named tensors a push is verified against, and the atomic swap."""
@@ -134,56 +122,15 @@ def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]
         yield message if isinstance(message, tuple) else (message, memoryview(message.data))
 
 
-class _Staging:
-    """One tensor being received: a byte buffer filled in order, with a running checksum. Offsets are
-    checked at once; the copy and the checksum run on `worker` (one thread, so in order) while the gRPC
-    thread waits for the next chunk. `wait` before reading the buffer or reusing it."""
-
-    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
-        self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
-        self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
-        self.nbytes, self.filled, self.digest = buffer.numel(), 0, xxhash.xxh3_64()
-        self.checksum: int | None = None
-        self._pending: Future | None = None
-
-    def add(self, header: pb.WeightChunk, data: memoryview) -> None:
-        end = self.filled + len(data)
-        if header.offset != self.filled or end > self.nbytes:
-            where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
-            raise PushRejected("bad_offset", f"`{self.name}`: {where}; send chunks in order")
-        self._pending = self._worker.submit(self._absorb, self.filled, end, data)
-        self.filled = end
-        if end == self.nbytes:
-            self.checksum = header.checksum
-
-    def _absorb(self, start: int, end: int, data: memoryview) -> None:
-        copy_hashed(self._view[start:end], data, self.digest)
-
-    def wait(self) -> None:
-        if self._pending is not None:
-            self._pending.result()
-
-    def wire(self) -> WireTensor:
-        """The verified tensor as it came over the wire, with its checksum (after `finish`)."""
-        data = memoryview(self._view)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
-        return WireTensor(self.name, TO_WIRE[self.dtype], self.shape, data, self.buffer, self.checksum)
-
-    def finish(self) -> torch.Tensor:
-        self.wait()
-        if self.filled != self.nbytes or self.checksum is None:
-            raise PushRejected("truncated", f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
-        got = self.digest.intdigest()
-        if got != self.checksum:
-            raise PushRejected("bad_checksum",
-                               f"`{self.name}`: XXH3-64 {got:#018x}, expected {self.checksum:#018x}")
-        return self.buffer.view(self.dtype).reshape(self.shape)
-
-
 class WeightReceiver:
     """Stages pushes and applies each atomically on commit; pushes are handled one at a time. Staging
-    buffers are kept between pushes (a second copy of the pushed tensors in CPU memory), so a push does
-    not pay for fresh allocations — except while the receiver is held (`hold`): a relay is reading the
-    committed version's bytes, so pushes stage into fresh buffers until it is done."""
+    buffers of byte-stream pushes are kept between pushes (a second copy of the pushed tensors in CPU
+    memory), so a push does not pay for fresh allocations — except while the receiver is held (`hold`): a
+    relay is reading the committed version's bytes, so pushes stage into fresh buffers until it is done.
+    A same-host push is verified in the pusher's segment and adopted from there (`InPlace`): the live
+    tensors the target adopts are views of the segment, and the receiver keeps the segment's lease for as
+    long as any live tensor views it (`_backing`) or a relay reads it (`hold`), then releases it so the
+    pusher may rewrite it. Its mappings of the segments are kept across pushes (`SegmentMaps`)."""
 
     def __init__(self, target: WeightTarget, version: int = 0, lineage: int = 0,
                  on_lineage: Callable[[int], None] | None = None):
@@ -195,6 +142,9 @@ class WeightReceiver:
         self.updated_at = 0.0
         self._lock = threading.Lock()
         self._buffers: dict[str, torch.Tensor] = {}
+        self._backing: dict[str, Lease] = {}  # live tensor name -> the segment lease its storage views
+        self._maps = SegmentMaps()
+        self._unheld: list[Lease] = []  # leases no live tensor needs, released once no relay holds them
         self._holds = 0
         self._holds_lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
@@ -212,21 +162,37 @@ class WeightReceiver:
     def release(self) -> None:
         with self._holds_lock:
             self._holds -= 1
+            unheld, self._unheld = (self._unheld, []) if not self._holds else ([], self._unheld)
+        for lease in unheld:
+            lease.release()
+
+    def _release_when_unheld(self, leases: Iterable[Lease]) -> None:
+        with self._holds_lock:
+            if self._holds:
+                self._unheld.extend(leases)
+                return
+        for lease in leases:
+            lease.release()
 
     def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
         """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
         `PushRejected` (old weights intact) or return once the new version is live."""
-        with self._lock, SegmentReader() as segments:  # same-host pushes: bytes from shared memory
-            return self._receive(segments.resolve(_as_pairs(messages)))
+        with self._lock:
+            try:
+                with SegmentReader(self._maps) as segments:  # same-host pushes: bytes from shared memory
+                    return self._receive(segments.resolve(_as_pairs(messages)), segments)
+            finally:
+                self._maps.prune(lease.name for lease in (*self._backing.values(), *self._unheld))
 
-    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]]) -> PushResult:
+    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]], segments: SegmentReader,
+                 ) -> PushResult:
         with self._holds_lock:
             if self._holds:  # a relay still reads the buffers of a version: stage into new ones
                 self._buffers = {}
         live = self.target.named_tensors()
         staged: dict[str, torch.Tensor] = {}
-        done: list[_Staging] = []
-        current: _Staging | None = None
+        done: list[Staging | InPlace] = []
+        current: Staging | InPlace | None = None
         version: int | None = None
         received = 0
         try:
@@ -236,12 +202,12 @@ class WeightReceiver:
                     if current is not None:
                         staged[current.name] = current.finish()
                         done.append(current)
-                    return self._commit(header, live, staged, received, done)
+                    return self._commit(header, live, staged, received, done, segments)
                 if current is None or header.name != current.name:
                     if current is not None:
                         staged[current.name] = current.finish()
                         done.append(current)
-                    current = self._start(header, live, staged)
+                    current = self._start(header, live, staged, segments)
                 current.add(header, data)
                 received += len(data)
         finally:
@@ -267,7 +233,8 @@ class WeightReceiver:
             raise PushRejected("stale_version", f"(lineage, version) changed mid-push from {was} to {now}")
         return version
 
-    def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping) -> _Staging:
+    def _start(self, header: pb.WeightChunk, live: Mapping[str, torch.Tensor], staged: Mapping,
+               segments: SegmentReader) -> Staging | InPlace:
         name = header.name
         if name not in live:
             raise PushRejected("unknown_tensor", f"`{name}` is not a tensor of this model")
@@ -283,14 +250,16 @@ class WeightReceiver:
             raise PushRejected("dtype_mismatch",
                                f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
         nbytes = target.numel() * wire.itemsize
+        if header.shm_segment:
+            return InPlace(header, nbytes, segments.leases[header.shm_segment], self._worker)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() != nbytes:
             buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
-        return _Staging(header, buffer, self._worker)
+        return Staging(header, buffer, self._worker)
 
     def _commit(
         self, header: pb.WeightChunk, live: Mapping, staged: dict[str, torch.Tensor], received: int,
-        done: list[_Staging],
+        done: list[Staging | InPlace], segments: SegmentReader,
     ) -> PushResult:
         if header.tensor_count != len(staged):
             raise PushRejected("tensor_count",
@@ -304,8 +273,32 @@ class WeightReceiver:
         if self.on_lineage is not None:
             self.on_lineage(self._lineage)
         replaced = self.target.apply_weights(staged, header.version, adopt=True) or {}
-        for name, old in replaced.items():  # adopted buffers are live now; stage the next push into these
-            self._buffers[name] = old.detach().reshape(-1).view(torch.uint8)
+        self._rebind(replaced, done, segments)
         self.version, self.lineage, self.updated_at = header.version, self._lineage, time.time()
         return PushResult(header.version, len(staged), received, time.perf_counter() - start, self.lineage,
                           header.partial, tuple(s.wire() for s in done))
+
+    def _rebind(self, replaced: Mapping[str, torch.Tensor], done: list[Staging | InPlace],
+                segments: SegmentReader) -> None:
+        """After a swap: stage the next byte-stream push into the storage the model let go of (never into a
+        view of a segment), and hold exactly the segment leases whose bytes live tensors still view."""
+        before = {id(lease): lease for lease in self._backing.values()}
+        for s in done:
+            if s.name not in replaced:
+                continue  # copied into the live storage, which keeps whatever backs it
+            previous = self._backing.pop(s.name, None)
+            if isinstance(s, InPlace):
+                self._backing[s.name] = s.lease
+                segments.keep(s.lease)
+            if previous is None:  # the replaced storage is the receiver's own: reuse it
+                self._buffers[s.name] = replaced[s.name].detach().reshape(-1).view(torch.uint8)
+            elif isinstance(s, Staging):  # its buffer is live now, and the replaced one viewed a segment
+                self._buffers.pop(s.name, None)
+        held = {id(lease) for lease in self._backing.values()}
+        self._release_when_unheld([lease for key, lease in before.items() if key not in held])
+        with self._holds_lock:
+            if self._holds:  # a relay reads this version's bytes: the push's other leases stay until it ends
+                for lease in segments.leases.values():
+                    if id(lease) not in held:
+                        segments.keep(lease)
+                        self._unheld.append(lease)

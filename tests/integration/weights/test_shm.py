@@ -3,6 +3,7 @@ control; the same guarantees as the byte stream, and no segment left behind, wha
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights import pusher as pusher_module
 from asyncrlhf.weights import receiver as receiver_module
-from asyncrlhf.weights import shm
+from asyncrlhf.weights import shm, shm_read
 from asyncrlhf.weights.codec import prepare
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, push, same, snapshot, tiny_model
@@ -39,34 +40,179 @@ def own_segments() -> set[str]:
 
 class Counting(shm.ShmPublication):
     created: list[str] = []
+    publications: list[shm.ShmPublication] = []
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         Counting.created.append(self.name)
+        Counting.publications.append(self)
 
 
 @pytest.fixture
 def counting(monkeypatch):
-    Counting.created = []
+    Counting.created, Counting.publications = [], []
     monkeypatch.setattr(pusher_module, "ShmPublication", Counting)
     return Counting.created
 
 
-def test_local_pushes_go_through_one_segment_rewritten_per_version(generator, learner, counting):
+def backing_file(tensor: torch.Tensor) -> str:
+    """The file this process maps at the tensor's storage ("" for anonymous memory), from /proc/self/maps."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if start <= address < end:
+            return fields[5] if len(fields) == 6 else ""
+    return ""
+
+
+def writable_elsewhere(name: str) -> bool:
+    """Whether another open description of segment `name` could write-lock all of it (no receiver holds any
+    of its bytes): what the pusher's claim asks."""
+    fd = os.open(shm.SHM_DIR / name, os.O_RDWR)
+    try:
+        return shm.range_lock(fd, fcntl.F_WRLCK, 0, 0)
+    finally:
+        os.close(fd)
+
+
+def test_local_pushes_are_adopted_in_place_and_versions_alternate_between_two_segments(generator, learner,
+                                                                                      counting):
     before = own_segments()
+    weight = lambda: generator.model.model.layers[0].mlp.up_proj.weight  # noqa: E731
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        outcome = push(pusher, learner.state_dict(), 1, generator)
-        assert (outcome.status, outcome.version) == ("ok", 1), outcome.detail
-        assert pusher.get_status(generator.address).shm_host == shm.shm_host()
-        assert same(snapshot(generator.model), snapshot(learner))
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                for t in learner.parameters():
+                    t.add_(1.0)
+            outcome = push(pusher, learner.state_dict(), version, generator)
+            assert (outcome.status, outcome.version) == ("ok", version), outcome.detail
+            assert same(snapshot(generator.model), snapshot(learner))
+            # the live weight is the segment's bytes, not a copy of them
+            assert backing_file(weight()) == str(shm.SHM_DIR / counting[-1])
+            assert not writable_elsewhere(counting[-1])  # held while served: the pusher cannot rewrite it
+            if version > 1:
+                assert writable_elsewhere(counting[-2])  # released once the generator moved on
+        assert len(own_segments() - before) == 2
+    first, second, third = counting
+    assert first != second and third == first  # two segments, each rewritten once no one held it
+    assert own_segments() == before  # removed with their pusher
+
+
+def test_a_segment_a_generator_still_serves_from_is_never_rewritten(learner, counting):
+    """Generator b stays on version 1 while a moves on: version 3 cannot go into b's segment, so a third is
+    made, and b's weights stay those of version 1 bit for bit; knowing two receivers, the pusher keeps three
+    segments (one each, one to write into), so versions that b skips need no new one."""
+    a, b = Generator(seed=1), Generator(seed=2)
+    before = own_segments()
+    try:
+        with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+            only_a = [PushTarget("a", a.address)]
+            both = [*only_a, PushTarget("b", b.address)]
+            assert [o.status for o in pusher.push(learner.state_dict(), 1, both)] == ["ok", "ok"]
+            served_by_b = snapshot(learner)
+            for version in (2, 3):
+                with torch.no_grad():
+                    for t in learner.parameters():
+                        t.mul_(0.5)
+                assert [o.status for o in pusher.push(learner.state_dict(), version, only_a)] == ["ok"]
+                assert same(snapshot(a.model), snapshot(learner))
+                assert same(snapshot(b.model), served_by_b)
+            assert len(set(counting)) == 3
+            assert [o.status for o in pusher.push(learner.state_dict(), 4, both)] == ["ok", "ok"]
+            assert same(snapshot(b.model), snapshot(learner))
+            assert len(own_segments() - before) == 3  # one per receiver, and one to write the next into
+            for version in (5, 6, 7, 8):  # b skips every other version: no segment is made anew for it
+                assert [o.status for o in pusher.push(learner.state_dict(), version, both[:2 - version % 2])
+                        ] == ["ok"] * (2 - version % 2)
+            assert len(set(counting)) == 3 and len(own_segments() - before) == 3
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _serve_and_hang(conn) -> None:
+    generator = Generator(seed=1)
+    conn.send(generator.address)
+    signal.pause()
+
+
+def test_a_killed_generator_holds_nothing(learner, counting):
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_and_hang, args=(child,), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(120), "the generator process did not start"
+        address = parent.recv()
+        with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+            (outcome,) = pusher.push(learner.state_dict(), 1, [PushTarget("g", address)])
+            assert outcome.status == "ok", outcome.detail
+            assert not writable_elsewhere(counting[-1])
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+            assert writable_elsewhere(counting[-1])  # the kernel dropped its locks with it
+    finally:
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_a_write_into_a_live_view_never_reaches_the_segment(generator, learner, counting):
+    name = "model.layers.0.mlp.up_proj.weight"
+    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+        assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
+        publication = Counting.publications[-1]
+        live = generator.model.get_parameter(name)
         with torch.no_grad():
-            for t in learner.parameters():
-                t.add_(1.0)
-        assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
+            live.add_(1.0)  # the receiver's mapping is private: the pages written are copied for it alone
+        start = publication.offsets[[t.name for t in publication.tensors].index(name)]
+        raw = bytearray((shm.SHM_DIR / publication.name).read_bytes()[start:start + live.numel() * 4])
+        in_segment = torch.frombuffer(raw, dtype=torch.float32).view_as(live)
+        assert torch.equal(in_segment, learner.get_parameter(name))
+        assert torch.equal(live, learner.get_parameter(name) + 1.0)
+        # version 3 goes into the same segment again; the receiver's kept mapping still has its own copy of
+        # the pages written above, so the tensor fails its checksum there and is read through a fresh mapping
+        for version in (2, 3):
+            with torch.no_grad():
+                for t in learner.parameters():
+                    t.mul_(0.5)
+            assert push(pusher, learner.state_dict(), version, generator).status == "ok"
+        assert Counting.publications[-1].name == publication.name
         assert same(snapshot(generator.model), snapshot(learner))
-        assert len(own_segments() - before) == 1  # one segment, kept for the next version
-    assert len(counting) == 2 and len(set(counting)) == 1  # two versions written into the same segment
-    assert own_segments() == before  # removed with its pusher
+
+
+def mapped_segments() -> list[str]:
+    """The segment files this process maps (several times for several mappings), from /proc/self/maps."""
+    return [line.split(maxsplit=5)[5] for line in Path("/proc/self/maps").read_text().splitlines()
+            if shm.PREFIX in line]
+
+
+def test_the_receiver_maps_each_segment_once_and_unmaps_the_ones_its_pusher_closed(generator, learner,
+                                                                                 counting):
+    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+        for version in (1, 2, 3, 4):
+            assert push(pusher, learner.state_dict(), version, generator).status == "ok"
+        first = set(counting)
+        assert len(first) == 2
+        receiver_maps = generator.receiver._maps.names()
+        assert sorted(receiver_maps) == sorted(first)  # one mapping each, kept from version to version
+    assert not segments() & first  # removed with their pusher: mapped still, until the next push
+    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+        assert push(pusher, learner.state_dict(), 5, generator).status == "ok"
+    still = [m for m in mapped_segments() if any(name in m for name in first)]
+    assert still == [], still  # the closed segments' memory went back with the next push
+
+
+def test_a_segment_a_relay_reads_is_not_given_back_before_the_relay_ends(generator, learner, counting):
+    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+        assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
+        first = counting[-1]
+        generator.receiver.hold()  # a relay forwards version 1's bytes
+        assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
+        assert counting[-1] != first
+        assert not writable_elsewhere(first)  # no live tensor views it, but the relay still reads it
+        generator.receiver.release()
+        assert writable_elsewhere(first)
 
 
 def test_two_local_generators_map_the_same_segment(learner, counting):
@@ -143,9 +289,29 @@ def test_bad_control_messages_are_rejected_and_the_old_version_serves(generator,
     assert same(snapshot(generator.model), old) and generator.receiver.version == 0
 
 
+def test_a_push_whose_segment_a_newer_version_is_rewriting_is_refused(generator, learner):
+    """A late push (its pusher gave up on it and claimed the segment for a newer version) must not be
+    verified against bytes being overwritten: the receiver cannot read-lock them, refuses, keeps its
+    version."""
+    old = snapshot(generator.model)
+    publication, messages = _control_stream(learner, 1)
+    publication.finish()
+    assert publication.segment.claim()  # a newer version is being written into it
+    try:
+        stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.PushWeights(iter(messages), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
+        assert err.value.details().startswith("stale_version")
+        assert "being rewritten" in err.value.details()
+    finally:
+        publication.segment.close()
+    assert same(snapshot(generator.model), old) and generator.receiver.version == 0
+
+
 def test_a_receiver_that_cannot_see_the_segment_gets_the_byte_stream(generator, learner, monkeypatch,
                                                                      tmp_path):
-    blind = lambda: shm.SegmentReader(tmp_path)  # noqa: E731 - a private /dev/shm, as in another container
+    # a private /dev/shm, as in another container
+    blind = lambda maps: shm_read.SegmentReader(shm_read.SegmentMaps(tmp_path))  # noqa: E731
     monkeypatch.setattr(receiver_module, "SegmentReader", blind)
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
         assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
