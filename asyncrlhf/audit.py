@@ -122,11 +122,16 @@ def account(
     *,
     finished: bool = False,
     credit_bound: int | None = None,
+    enqueued_by_end: int | None = None,
 ) -> Audit:
     """Account for groups `g0 .. g<enqueued-1>`.
 
     `consumed_rows`: the learner's consumed.jsonl rows; `dead_letters`: (stream, id, reason) of each entry
-    of the dead-letter stream; `in_flight`: stream name -> group ids still in that stream."""
+    of the dead-letter stream; `in_flight`: stream name -> group ids still in that stream. A run audited
+    while its learner runs goes on enqueueing and ending groups between the reads: `enqueued_by_end` is the
+    feed cursor read again after the log, and a group below it but not below `enqueued` is newer than the
+    audit (neither counted nor unknown)."""
+    newest = max(enqueued, enqueued_by_end or 0)
     audit = Audit(enqueued=enqueued, finished=finished, credit_bound=credit_bound)
     rows = list(consumed_rows)
     history = history_of(rows)
@@ -150,15 +155,17 @@ def account(
     audit.lineages = _lineages(rows, history)
     reasons: Counter[str] = Counter()
     for stream, gid, reason in dead_letters:
-        if stream not in FLOW_STREAMS or not _enqueued(gid, enqueued):
+        if stream not in FLOW_STREAMS or not _enqueued(gid, newest):
             audit.foreign_dead_letters += 1
             continue
+        if not _enqueued(gid, enqueued):
+            continue  # enqueued after the audit read the cursor
         reasons[_short(reason)] += 1
         if gid not in ended:  # not yet reaped by the learner (else consumed.jsonl says how it ended)
             ended[gid] = {"dead_lettered"}
     audit.dead_letter_reasons = dict(reasons)
     audit.trained_twice = sorted(g for g, n in trained.items() if n > 1)
-    audit.unknown = sorted(g for g in ended if not _enqueued(g, enqueued))
+    audit.unknown = sorted(g for g in ended if not _enqueued(g, newest))
     still = {g for ids in in_flight.values() for g in ids}
     for i in range(enqueued):
         gid = f"g{i:08d}"
@@ -244,9 +251,10 @@ def audit_run(cfg: Config, client) -> Audit:
             continue
         finished = finished or event.kind == EVENT_KIND_RUN_FINISHED
     bound = (cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step
-    return account(
-        enqueued, read_consumed(cfg.run.path), dead, in_flight, finished=finished, credit_bound=bound
-    )
+    consumed = read_consumed(cfg.run.path)
+    enqueued_by_end = int(client.get(streams.key(FEED_CURSOR)) or 0)  # a live learner went on meanwhile
+    return account(enqueued, consumed, dead, in_flight, finished=finished, credit_bound=bound,
+                   enqueued_by_end=enqueued_by_end)
 
 
 def connect_for_audit(cfg: Config, stack: ExitStack):

@@ -71,6 +71,20 @@ def test_an_ended_group_beyond_the_cursor_is_unknown():
     assert not audit.ok and audit.unknown == ["g00000007"]
 
 
+def test_a_live_run_that_enqueued_and_ended_groups_between_the_reads_is_clean():
+    # the cursor read 2 (g0 g1); meanwhile the learner enqueued g2 g3 and trained g2 and dead-lettered g3
+    # before the log and the dead letters were read; the cursor read again says 4: g2 g3 are newer than the
+    # audit, neither unknown nor foreign; g9, beyond the second read too, is unknown
+    live = rows(("trained", ["g00000000", "g00000001", "g00000002"]))
+    dead = [("scored", "g00000003", "cannot decode")]
+    audit = account(2, live, dead, {}, enqueued_by_end=4)
+    assert audit.ok, format_audit(audit, "t")
+    assert (audit.trained, audit.dead_lettered, audit.foreign_dead_letters) == (2, 0, 0)
+    assert not account(2, live, dead, {}).ok  # read once: g2 looks never enqueued
+    stray = account(2, rows(("trained", ["g00000000", "g00000001", "g00000009"])), [], {}, enqueued_by_end=4)
+    assert stray.unknown == ["g00000009"]
+
+
 def lineage(n, parent, version):
     return {"kind": "lineage", "lineage": n, "from_lineage": parent, "version": version, "group_ids": []}
 
