@@ -4,7 +4,8 @@
   build, `make vllm`) the KV cache is sized in GiB by `VLLM_CPU_KVCACHE_SPACE` (vLLM would read
   `gpu_memory_utilization` as a share of host RAM), the engine runs eager (compiling takes minutes on a
   few cores), and its worker runs `generator.threads` threads unpinned (vLLM's default binding reserves a
-  core for its scheduler: on 2 cores the worker would get one); on GPU the memory fraction applies.
+  core for its scheduler: on 2 cores the worker would get one), and the engine core runs in the calling
+  process (a separate engine process busy-polls a core of its own); on GPU the memory fraction applies.
   `dtype` follows the learner's (`model.dtype`); another is a warning, never a silent downcast.
   `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
 - `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls
@@ -78,6 +79,8 @@ def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[
         env["VLLM_CPU_OMP_THREADS_BIND"] = v.cpu_threads_bind
         if v.cpu_threads_bind == "nobind":  # the worker's torch threads follow OMP_NUM_THREADS
             env["OMP_NUM_THREADS"] = str(cfg.generator.threads or os.cpu_count() or 1)
+    in_process = (not on_gpu) if v.engine_in_process is None else v.engine_in_process
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     if lora.enabled and not merges_lora(cfg):
         kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
     return kwargs, env

@@ -61,8 +61,10 @@ def test_cpu_engine_runs_eager_in_the_learners_dtype_with_a_kv_cache_in_gib(tmp_
     assert kwargs["enforce_eager"] is True and kwargs["dtype"] == "float32"
     assert "gpu_memory_utilization" not in kwargs  # vLLM's CPU build would take it as a share of host RAM
     # vLLM's own binding would reserve one core of two for its scheduler: unpinned, generator.threads threads
+    # and its engine core in this process: a separate one busy-polls a core of its own
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
-                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(os.cpu_count())}
+                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(os.cpu_count()),
+                   "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert kwargs["logprobs_mode"] == "processed_logprobs" and "enable_lora" not in kwargs
 
 
@@ -85,7 +87,7 @@ def test_gpu_engine_compiles_and_takes_a_memory_fraction(tmp_path):
     kwargs, env = engine_settings(cfg, Path("m"))
     assert kwargs["enforce_eager"] is False and kwargs["gpu_memory_utilization"] == 0.5
     assert kwargs["dtype"] == "bfloat16" and "VLLM_CPU_KVCACHE_SPACE" not in env
-    assert env["VLLM_CACHE_ROOT"] == f"{tmp_path}/c"
+    assert env["VLLM_CACHE_ROOT"] == f"{tmp_path}/c" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     assert kwargs["enable_lora"] and kwargs["max_lora_rank"] == 8
 
 
