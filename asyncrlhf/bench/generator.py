@@ -46,6 +46,9 @@ from asyncrlhf.weights import PushTarget, WeightPusher
 from asyncrlhf.weights.codec import adapter_tensors
 
 TARGET_RATIO = 0.9
+# The environment this process started with: the service gets it, not what the bare backend's vLLM wrote into
+# os.environ for the workers it would spawn (LD_PRELOAD, its shared-memory buffer names, inductor settings).
+START_ENV = dict(os.environ)
 TTFT_TRIES = 5
 START_TIMEOUT_S = 600.0  # import, model load (a GGUF conversion on first use), gRPC and HTTP up
 BATCH_TIMEOUT_S = 600.0
@@ -64,7 +67,7 @@ class GeneratorProcess:
         port = free_port()
         args = [*(a for f in files for a in ("--config", f)), *overrides, f"redis.url={cfg.redis.url}",
                 f"run.name={cfg.run.name}", f"generator.threads={threads}", f"generator.http_port={port}"]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+        env = {**START_ENV, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                "TOKENIZERS_PARALLELISM": "false"}
         argv = [sys.executable, "-m", "services.generator", *args]
         self.cfg, self.process = cfg, Service("generator", "generator", argv, env, log, port)

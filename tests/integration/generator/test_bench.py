@@ -41,3 +41,17 @@ def test_several_backends_are_each_measured_in_their_own_process(capsys):
     results = json.loads(capsys.readouterr().out)
     assert [r["backend"] for r in results] == ["hf", "hf"]
     assert all(r["bare_tokens_per_s"] > 0 and r["bare_first_token_s"] > 0 for r in results)
+
+
+def test_the_service_starts_with_the_benchs_own_environment_not_what_an_engine_wrote_into_it(monkeypatch,
+                                                                                           tmp_path):
+    # the bare vLLM backend writes its workers' settings into os.environ (LD_PRELOAD, shared-memory buffer
+    # names); a user's generator never starts with those, so the bench's must not either
+    from asyncrlhf.bench.generator import GeneratorProcess
+    from asyncrlhf.config import load_config
+
+    monkeypatch.setenv("VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME", "written-by-the-bare-engine")
+    cfg = load_config(["configs/tiny.yaml"], ["redis.url=redis://127.0.0.1:1/0"])
+    env = GeneratorProcess(cfg, ["configs/tiny.yaml"], [], 2, tmp_path / "log").process.env
+    assert "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME" not in env
+    assert env["OMP_NUM_THREADS"] == "2" and env["PATH"] == __import__("os").environ["PATH"]
