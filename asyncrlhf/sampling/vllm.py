@@ -15,12 +15,13 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   sampling processors, so they are log softmax(logits) whatever the request's temperature (measured: a
   temperature of 0.5 moves them by nothing; log softmax(logits / 0.5) differs by 0.4 nats): the model's own
   distribution, the definition of `Backend.score_tokens` on both backends.
-- Full-weight pushes: the tensors are written to a safetensors file in the backend's work directory and
-  every worker loads them through vLLM's own in-place `reload_weights` (`vllm_engine.WeightLoaderExtension`);
-  then the prefix cache is reset, since cached KV blocks were computed by the old weights.
+- Full-weight pushes: every worker loads the tensors through vLLM's own in-place `reload_weights`
+  (`vllm_engine.WeightLoaderExtension`): handed over as they are to an engine in this process (the default
+  on CPU), else through a safetensors file in the backend's work directory; then the prefix cache is reset,
+  since cached KV blocks were computed by the old weights.
 - LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
-  versions) and the whole model is reloaded as a full-weight push, so sampling runs the plain model (vLLM's
+  versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model (vLLM's
   CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): the adapter tensors are written as a
   PEFT adapter directory and served as a new `LoRARequest` per version (loaded before it is used; the
   previous one is removed from the engine and its files deleted).
@@ -49,6 +50,7 @@ from asyncrlhf.sampling.vllm_engine import (
     merged_weights,
     merges_lora,
     model_dir_for_vllm,
+    in_process,
     pristine_targets,
     weight_skeleton,
 )
@@ -86,8 +88,9 @@ def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.T
 
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
-                 pristine: dict[str, torch.Tensor] | None = None):
+                 pristine: dict[str, torch.Tensor] | None = None, in_process: bool = False):
         self.llm, self.skeleton, self.lora, self.work_dir = llm, skeleton, lora, work_dir
+        self.in_process = in_process  # the engine's worker is in this process: pushes hand it tensors
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._version = 0
         self._lora_request: Any = None
@@ -112,7 +115,8 @@ class VLLMBackend:
         if cfg.learner.lora.enabled and merges_lora(cfg):
             pristine = pristine_targets(model_dir, skeleton, dtype)
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
-        return cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine)
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine,
+                   in_process=in_process(cfg, env))
 
     @property
     def version(self) -> int:
@@ -136,6 +140,10 @@ class VLLMBackend:
     def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
+        if self.in_process:
+            self.llm.collective_rpc("asyncrlhf_reload_weights", args=(dict(tensors),))
+            self.llm.reset_prefix_cache()
+            return
         path = self.work_dir / "push.safetensors"
         save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
         try:

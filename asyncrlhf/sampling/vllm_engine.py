@@ -9,10 +9,11 @@
   `dtype` follows the learner's (`model.dtype`); another is a warning, never a silent downcast.
   `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
 - `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls
-  `asyncrlhf_reload_weights(path)` with the path of a safetensors file of HF-named tensors, which the worker
-  reads and hands to vLLM's own in-place `reload_weights` (it maps HF names onto vLLM's fused layers).
-  Only a path crosses the RPC: tensors in `collective_rpc` arguments reach the worker as undecoded
-  msgpack objects.
+  `asyncrlhf_reload_weights(weights)` with HF-named tensors, which the worker hands to vLLM's own in-place
+  `reload_weights` (it maps HF names onto vLLM's fused layers). An engine in this process (`in_process`:
+  the engine core and its one worker here) takes the tensors themselves; across processes only the path of a
+  safetensors file holding them crosses the RPC: tensors in `collective_rpc` arguments reach another
+  process's worker as undecoded msgpack objects.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ BF16_VS_FP32_GAP_NATS = 0.37
 class WeightLoaderExtension:
     """Methods `collective_rpc` can call on every vLLM worker."""
 
-    def asyncrlhf_reload_weights(self, path: str) -> int:
+    def asyncrlhf_reload_weights(self, weights: str | Mapping[str, torch.Tensor]) -> int:
         from safetensors.torch import load_file
 
-        named = load_file(path)
+        named = load_file(weights) if isinstance(weights, str) else weights
         self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
         device = self.device  # type: ignore[attr-defined]
         if torch.device(device).type == "cuda":
@@ -86,6 +87,12 @@ def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[
     return kwargs, env
 
 
+def in_process(cfg: Config, env: Mapping[str, str]) -> bool:
+    """Whether the engine core and its only worker run in this process (`engine_settings`' env): then a push
+    hands them tensors, not a file."""
+    return env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and cfg.generator.tensor_parallel_size == 1
+
+
 def merges_lora(cfg: Config) -> bool:
     """Whether a LoRA run's adapters are folded into the engine's weights (`generator.vllm.merge_lora`)."""
     merge = cfg.generator.vllm.merge_lora
@@ -96,20 +103,29 @@ def merges_lora(cfg: Config) -> bool:
 
 def pristine_targets(model_dir: Path, skeleton: Mapping[str, torch.Tensor], dtype: torch.dtype,
                      ) -> dict[str, torch.Tensor]:
-    """The model's own weights (HF names, the engine's dtype) that a merged adapter is added to: every
-    weight of the checkpoint, so each reload rewrites whole layers (vLLM's in-place reload rebuilds a layer
-    from the weights it is given: a fused q/k/v layer given only q would lose k and v)."""
+    """The model's own weights (HF names, the engine's dtype) that a merged adapter is added to, and that each
+    push reloads: every tensor of each module that holds an adapted weight (`self_attn.*` of a layer whose
+    q_proj is adapted), so a reload rewrites whole fused layers (vLLM's in-place reload rebuilds a layer from
+    the weights it is given: a fused q/k/v layer given only q would lose k and v, and vLLM fuses only
+    siblings). The rest of the model is never reloaded: with q/k/v/o adapted on SmolLM2-135M, 26M of its
+    135M parameters."""
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_dir} has no safetensors weights to fold LoRA adapters into; set "
                                 "generator.vllm.merge_lora=false to serve adapters with vLLM's LoRA kernels")
-    weights = {name: t.to(dtype) for f in files for name, t in load_file(str(f)).items()}
-    missing = sorted({lora_base_name(n) for n in skeleton} - set(weights))
+    weights = {name: t for f in files for name, t in load_file(str(f)).items()}
+    adapted = {lora_base_name(n) for n in skeleton}
+    missing = sorted(adapted - set(weights))
     if missing:
         raise ValueError(f"the adapter targets weights {missing[:3]} that {model_dir} does not hold")
-    return weights
+    parents = {_parent(_parent(name)) for name in adapted}  # `...self_attn.q_proj.weight` -> `...self_attn`
+    return {name: t.to(dtype) for name, t in weights.items() if _parent(_parent(name)) in parents}
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0]
 
 
 def lora_base_name(adapter_name: str) -> str:

@@ -24,14 +24,19 @@ def random_adapter(peft_model: torch.nn.Module, seed: int) -> dict[str, torch.Te
             for name, t in adapter_tensors(peft_model.state_dict()).items()}
 
 
-@pytest.mark.parametrize("merge", [False, True], ids=["lora-kernels", "merged"])
-def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merge):
+@pytest.mark.parametrize(("merge", "in_process"), [(False, True), (True, True), (True, False)],
+                         ids=["lora-kernels", "merged", "merged-engine-process"])
+def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merge, in_process):
+    """In the generator's process (the CPU default) a merged push hands the engine's worker its tensors; an
+    engine in a process of its own gets them through a file."""
     from asyncrlhf.sampling.vllm import VLLMBackend
 
     cfg = vllm_config(tmp_path, "learner.lora.enabled=true", "learner.lora.r=8", "learner.lora.alpha=16",
-                      f"generator.vllm.merge_lora={str(merge).lower()}")
+                      f"generator.vllm.merge_lora={str(merge).lower()}",
+                      f"generator.vllm.engine_in_process={str(in_process).lower()}")
     tokenizer = load_tokenizer(cfg.model)
     backend = VLLMBackend.from_config(cfg, tokenizer)
+    assert backend.in_process is in_process
     hf = hf_backend(cfg, tokenizer)
     try:
         prompts = encode_prompts(tokenizer, ["hello", "a longer prompt than that"], cfg.model)

@@ -125,6 +125,10 @@ def test_a_merged_adapter_is_pefts_merge_of_the_base_weights(tmp_path):
     expected = peft.merge_and_unload().state_dict()
     merged = merged_weights(pristine, adapter, cfg.learner.lora)
     assert set(merged) == set(pristine)  # whole layers: vLLM's reload rebuilds a layer from what it is given
+    # every tensor of each adapted module and nothing else: q, k, v, o of attention (vLLM fuses q/k/v), no MLP
+    # or embedding (tiny.yaml adapts attention only)
+    assert pristine and all(".self_attn." in n for n in pristine)
+    assert {n.rsplit(".", 2)[1] for n in pristine} >= {"q_proj", "k_proj", "v_proj"}
     changed = {lora_base_name(n) for n in adapter}
     assert changed and all(n in merged for n in changed)
     for name, tensor in merged.items():
