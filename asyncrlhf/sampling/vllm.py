@@ -21,10 +21,10 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   since cached KV blocks were computed by the old weights.
 - LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
-  versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model (vLLM's
-  CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): the adapter tensors are written as a
-  PEFT adapter directory and served as a new `LoRARequest` per version (loaded before it is used; the
-  previous one is removed from the engine and its files deleted).
+  versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model
+  (vLLM's CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): the adapter tensors are
+  written as a PEFT adapter directory and served as a new `LoRARequest` per version (loaded before it is
+  used; the previous one is removed from the engine and its files deleted).
 The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. The gate
 guarantees no `generate` call is running while weights change.
 """
@@ -47,10 +47,10 @@ from asyncrlhf.config import Config, LoraConfig, SamplingConfig
 from asyncrlhf.sampling import Completion, TokenScore
 from asyncrlhf.sampling.vllm_engine import (
     engine_settings,
+    in_process,
     merged_weights,
     merges_lora,
     model_dir_for_vllm,
-    in_process,
     pristine_targets,
     weight_skeleton,
 )
