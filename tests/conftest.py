@@ -20,8 +20,13 @@ VLLM_MISSING = ("vLLM is not installed: `make vllm` (Linux x86-64, vLLM's CPU bu
 
 
 def pytest_collection_modifyitems(config, items):
-    """`vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip."""
+    """`vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and they
+    run last: an engine in the test process (the CPU default, `generator.vllm.engine_in_process`) takes the
+    process over. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown
+    destroys the default process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or
+    thread-count test after it would fail for a reason that is not its own."""
     if importlib.util.find_spec("vllm") is not None:
+        items.sort(key=lambda item: "vllm" in item.keywords)  # stable: each part keeps its order
         return
     for item in items:
         if "vllm" in item.keywords:
