@@ -19,6 +19,7 @@ import redis
 import torch
 
 from asyncrlhf.config import Config
+from asyncrlhf.cores import on_fresh_thread
 from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
@@ -53,8 +54,8 @@ class WeightSwap:
         self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
     ) -> Mapping[str, torch.Tensor] | None:
         start = time.perf_counter()
-        with self.gate.swapping():
-            replaced = self.backend.apply_weights(tensors, version, adopt=adopt)
+        with self.gate.swapping():  # torch work on a thread that exits: see `on_fresh_thread`
+            replaced = on_fresh_thread(lambda: self.backend.apply_weights(tensors, version, adopt=adopt))
             self.lineage = self._incoming_lineage
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()

@@ -1,0 +1,65 @@
+"""A push applied from a long-lived thread (a gRPC handler) must not leave an OpenMP worker pool behind: with
+more pool threads than cores, libgomp stops spinning between parallel regions, and the generator's decoding
+ran at 0.70-0.80x the bare backend (`asyncrlhf bench generator`). `WeightSwap` applies on a thread that exits.
+Each case runs in a fresh interpreter, so no earlier test's OpenMP state counts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import json, os, threading, time, torch
+from asyncrlhf.serving.gate import BackendGate
+from services.generator.metrics import GeneratorMetrics
+from services.generator.server import WeightSwap
+
+torch.set_num_threads(2)
+a = torch.randn(1500, 1500)
+(a @ a).sum()  # the compute thread's own pool
+
+class Backend:
+    version = 0
+    def apply_weights(self, tensors, version, adopt=False):
+        (a @ a).sum()  # a parallel region, like a LoRA merge
+        self.version = version
+        return {}
+
+swap = WeightSwap(Backend(), BackendGate(), GeneratorMetrics("gen-t"))
+applied, release = threading.Event(), threading.Event()
+
+def handler():  # stays alive, as gRPC's handler threads do
+    if MODE == "swap":
+        swap.apply_weights({}, 1)
+    else:
+        Backend().apply_weights({}, 1)
+    applied.set()
+    release.wait()
+
+before = len(os.listdir("/proc/self/task"))
+thread = threading.Thread(target=handler)
+thread.start()
+applied.wait()
+deadline = time.monotonic() + 5  # a thread that exited takes its OpenMP pool down shortly after
+while (after := len(os.listdir("/proc/self/task"))) > before + 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+release.set()
+thread.join()
+print(json.dumps({"extra_threads": after - before, "version": swap.backend.version}))
+"""
+
+
+def run(mode: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", f"MODE = {mode!r}\n" + SCRIPT], capture_output=True,
+                          text=True, timeout=120, env={"OMP_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_a_swap_from_a_long_lived_thread_leaves_only_that_thread():
+    bare = run("direct")
+    assert bare["extra_threads"] == 2  # the handler and the OpenMP pool it kept: what the swap must avoid
+    swapped = run("swap")
+    assert swapped == {"extra_threads": 1, "version": 1}
