@@ -1,6 +1,7 @@
 """`asyncrlhf bench generator`: the generator service as its own process beside the bare backend call."""
 
 import json
+import os
 
 import pytest
 
@@ -54,4 +55,4 @@ def test_the_service_starts_with_the_benchs_own_environment_not_what_an_engine_w
     cfg = load_config(["configs/tiny.yaml"], ["redis.url=redis://127.0.0.1:1/0"])
     env = GeneratorProcess(cfg, ["configs/tiny.yaml"], [], 2, tmp_path / "log").process.env
     assert "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME" not in env
-    assert env["OMP_NUM_THREADS"] == "2" and env["PATH"] == __import__("os").environ["PATH"]
+    assert env["OMP_NUM_THREADS"] == "2" and env["PATH"] == os.environ["PATH"]
