@@ -13,6 +13,11 @@ running. Bare: `asyncrlhf.sampling.create_backend(...).generate` over the same b
 The two alternate batch by batch, so load from other processes hits both alike; tokens/s is over all
 `--repeats` passes. Both build the model from the same seed and sample the same batches in the same order,
 so they sample the same tokens. Target: service >= 0.9x bare.
+
+With `--api-requests N`, N clients (the `openai` client, each on its own thread) each send one chat completion
+to the service's OpenAI-compatible API at once after the warm-up, so the timed rounds measure a generator
+that has served API traffic on its web server's worker threads (what such a thread leaves behind slowed
+decoding before `cores.on_fresh_thread`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -151,6 +157,24 @@ def _service_batch(service: GeneratorProcess, producer, rollouts, batch: list[li
     out["service_tokens"] += sum(len(s.completion_token_ids) for group in written for s in group.samples)
 
 
+def api_traffic(service: GeneratorProcess, cfg: Config, n: int) -> None:
+    """`n` chat completions sent at once, each by its own `openai` client on its own thread; all must
+    succeed."""
+    import openai  # only this option needs it
+
+    def one(i: int) -> None:
+        client = openai.OpenAI(base_url=f"{service.process.url}/v1", api_key=cfg.run.token or "none",
+                               max_retries=0, timeout=BATCH_TIMEOUT_S)
+        reply = client.chat.completions.create(
+            model=cfg.model.name_or_path, max_tokens=8, seed=i,
+            messages=[{"role": "user", "content": f"Say something about the number {i}."}])
+        if not reply.choices:
+            raise RuntimeError(f"API request {i} returned no choice")
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(one, range(n)))
+
+
 def first_token_s(backend: Backend, prompts: list[list[int]], cfg: Config) -> float:
     """Median seconds from a one-prompt, one-sample call to its first (and only) new token."""
     sampling = cfg.generator.sampling.model_copy(update={"max_new_tokens": 1})
@@ -174,11 +198,11 @@ def push_state(cfg: Config, backend: Backend) -> dict[str, torch.Tensor]:
 
 
 def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_count: int,
-            repeats: int) -> dict:
+            repeats: int, api_requests: int = 0) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     backend = create_backend(cfg, tokenizer)
     try:
-        return _measure(cfg, files, overrides, prompt_count, repeats, tokenizer, backend)
+        return _measure(cfg, files, overrides, prompt_count, repeats, tokenizer, backend, api_requests)
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
@@ -186,7 +210,7 @@ def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_
 
 
 def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_count: int, repeats: int,
-             tokenizer, backend: Backend) -> dict:
+             tokenizer, backend: Backend, api_requests: int) -> dict:
     threads = torch.get_num_threads()  # the bare side's, once generator.threads is applied
     prompts = encode_prompts(tokenizer, synthetic_prompts(prompt_count), cfg.model)
     with redis_url(cfg.redis.model_copy(update={"persist": False})) as url, contextlib.ExitStack() as stack:
@@ -203,6 +227,8 @@ def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt
         if outcome.status != "ok":
             raise RuntimeError(f"could not push weights to the service: {outcome}")
         paired_run(streams, service, backend, prompts[: 2 * cfg.generator.batch_prompts], cfg)  # warm-up
+        if api_requests:
+            api_traffic(service, cfg, api_requests)
         rounds = [paired_run(streams, service, backend, prompts, cfg) for _ in range(repeats)]
         ttft = first_token_s(backend, prompts, cfg)
     bare = sum(r["bare_tokens"] for r in rounds) / sum(r["bare_s"] for r in rounds)
@@ -213,7 +239,7 @@ def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt
             "prompts": prompt_count, "k": g.samples_per_prompt, "batch_prompts": g.batch_prompts,
             "max_new_tokens": g.sampling.max_new_tokens, "repeats": repeats,
             "bare_tokens_per_s": bare, "service_tokens_per_s": served, "ratio": served / bare,
-            "bare_first_token_s": ttft,
+            "bare_first_token_s": ttft, "api_requests": api_requests,
             "target_ratio": TARGET_RATIO, "rounds": rounds}
 
 
@@ -223,10 +249,11 @@ def _delete_run_keys(client, run: str) -> None:
         client.delete(*keys)
 
 
-def _measure_in_child(files: Sequence[str], overrides: Sequence[str], prompts: int, repeats: int) -> dict:
+def _measure_in_child(files: Sequence[str], overrides: Sequence[str], prompts: int, repeats: int,
+                      api_requests: int) -> dict:
     argv = [sys.executable, "-m", "asyncrlhf.cli", "bench", "generator",
             *(a for f in files for a in ("--config", f)), "--prompts", str(prompts),
-            "--repeats", str(repeats), "--json", *overrides]
+            "--repeats", str(repeats), "--api-requests", str(api_requests), "--json", *overrides]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the bench of `{' '.join(overrides)}` failed ({done.returncode}):\n"
@@ -243,8 +270,13 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--prompts", type=int, default=64, help="prompt groups per phase")
     parser.add_argument("--repeats", type=int, default=3,
                         help="passes over the prompts (each alternates bare and service batch by batch)")
+    parser.add_argument("--api-requests", type=int, default=0,
+                        help="after the warm-up, send this many chat completions to the service's API "
+                             "at once")
     parser.add_argument("--json", action="store_true", help="print one JSON object (a list with --backend)")
     args, rest = parser.parse_known_args(list(argv))
+    if args.api_requests < 0:
+        parser.error(f"--api-requests must be 0 or more, got {args.api_requests}")
     files, overrides = split_config_args(rest)
     runs = [[*overrides, f"generator.backend={b}"] for b in args.backend or []] or [list(overrides)]
     try:
@@ -253,16 +285,17 @@ def main(argv: Sequence[str]) -> int:
         print(f"asyncrlhf bench generator: {err}", file=sys.stderr)
         return 2
     if len(runs) == 1:
-        results = [measure(configs[0], files, runs[0], args.prompts, args.repeats)]
+        results = [measure(configs[0], files, runs[0], args.prompts, args.repeats, args.api_requests)]
     else:  # each backend in its own process: one engine's threads, affinity and memory never skew another's
-        results = [_measure_in_child(files, o, args.prompts, args.repeats) for o in runs]
+        results = [_measure_in_child(files, o, args.prompts, args.repeats, args.api_requests) for o in runs]
     if args.json:
         print(json.dumps(results if args.backend else results[0]))
         return 0
     first = results[0]
     print(f"generator bench: model {first['model']}, {first['prompts']} prompts x k={first['k']}, "
           f"batches of {first['batch_prompts']}, max_new_tokens={first['max_new_tokens']}, "
-          f"{first['threads']} torch threads, {first['repeats']} passes")
+          f"{first['threads']} torch threads, {first['repeats']} passes"
+          + (f", after {first['api_requests']} API requests at once" if first["api_requests"] else ""))
     print(f"  {'backend':8} {'device':6} {'bare tok/s':>11} {'service tok/s':>14} {'ratio':>7} "
           f"{'first token':>12}")
     for r in results:

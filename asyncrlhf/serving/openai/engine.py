@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrlhf.config import SamplingConfig
+from asyncrlhf.cores import on_fresh_thread
 from asyncrlhf.sampling import Backend, Finish, TokenScore
 from asyncrlhf.serving.gate import BackendGate, GateBusy
 from asyncrlhf.serving.openai.errors import OpenAIError
@@ -87,17 +88,24 @@ class ApiSampler:
                 if version == 0:
                     raise OpenAIError(503, "no weights yet: this generator waits for the learner's first "
                                            "push; retry later", code="not_ready", retry_after_s=5)
-                with torch.random.fork_rng():
-                    torch.manual_seed(secrets.randbits(63) if params.seed is None else params.seed)
-                    groups = self.backend.generate(prompts, n, sampling)
-                choices = [[self._finish(p, c.token_ids, c.logprobs, c.finish, params) for c in group]
-                           for p, group in zip(prompts, groups, strict=True)]
-                if params.top_n is not None:
-                    self._score(choices, params.top_n)
+                # torch work on a thread that exits: the web server's worker threads live on, and each
+                # would keep an OpenMP pool that slows the training loop's decoding (`on_fresh_thread`)
+                choices = on_fresh_thread(lambda: self._sample(prompts, n, sampling, params))
         except GateBusy as err:
             raise OpenAIError(429, f"the generator is busy ({err}); retry later", code="busy",
                               retry_after_s=1) from err
         return version, choices
+
+    def _sample(self, prompts: list[list[int]], n: int, sampling: SamplingConfig,
+                params: Params) -> list[list[Sampled]]:
+        with torch.random.fork_rng():
+            torch.manual_seed(secrets.randbits(63) if params.seed is None else params.seed)
+            groups = self.backend.generate(prompts, n, sampling)
+        choices = [[self._finish(p, c.token_ids, c.logprobs, c.finish, params) for c in group]
+                   for p, group in zip(prompts, groups, strict=True)]
+        if params.top_n is not None:
+            self._score(choices, params.top_n)
+        return choices
 
     def _finish(self, prompt: list[int], tokens: list[int], logprobs: list[float], finish: Finish,
                 params: Params) -> Sampled:

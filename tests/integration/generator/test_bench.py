@@ -23,6 +23,22 @@ def test_bench_compares_service_and_bare_on_the_same_samples(capsys):
     assert result["threads"] >= 1
 
 
+def test_api_requests_reach_the_service_before_the_timed_rounds(capsys):
+    # the real `openai` client, several requests at once: each on a web server worker thread of its own
+    assert main([*TINY, "--api-requests", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["api_requests"] == 3
+    (round_,) = result["rounds"]
+    # API traffic never shifts the loop's samples
+    assert round_["service_tokens"] == round_["bare_tokens"] > 0
+
+
+def test_a_negative_api_request_count_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*TINY, "--api-requests", "-1"])
+    assert exit_.value.code == 2 and "--api-requests must be 0 or more" in capsys.readouterr().err
+
+
 def test_a_service_that_cannot_start_fails_the_bench_with_its_log():
     # the service refuses a non-loopback HTTP bind without a token; the bare side would run
     with pytest.raises(RuntimeError, match=r"did not register \(exited with 2\)[\s\S]*no auth token"):

@@ -1,7 +1,8 @@
-"""A push applied from a long-lived thread (a gRPC handler) must not leave an OpenMP worker pool behind: with
-more pool threads than cores, libgomp stops spinning between parallel regions, and the generator's decoding
-ran at 0.70-0.80x the bare backend (`asyncrlhf bench generator`). `WeightSwap` applies on a thread that exits.
-Each case runs in a fresh interpreter, so no earlier test's OpenMP state counts."""
+"""Torch work from a long-lived thread (a gRPC handler applying a push, a web server worker sampling for the
+API) must not leave an OpenMP worker pool behind: with more pool threads than cores, libgomp stops spinning
+between parallel regions, and the generator's decoding ran at 0.70-0.80x the bare backend (`asyncrlhf bench
+generator`). `WeightSwap` applies, and `ApiSampler` samples, on a thread that exits. Each case runs in a fresh
+interpreter, so no earlier test's OpenMP state counts."""
 
 import json
 import subprocess
@@ -11,7 +12,9 @@ import pytest
 
 SCRIPT = r"""
 import json, os, threading, time, torch
+from asyncrlhf.sampling import Completion
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.serving.openai.engine import ApiSampler, Params
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap
 
@@ -25,13 +28,30 @@ class Backend:
         (a @ a).sum()  # a parallel region, like a LoRA merge
         self.version = version
         return {}
+    def generate(self, prompts, n, sampling):
+        (a @ a).sum()  # a parallel region, like a decoding step
+        return [[Completion([7, 8], [-0.5, -0.25], "length") for _ in range(n)] for _ in prompts]
+
+class Tokenizer:
+    def __len__(self):
+        return 100
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+backend = Backend()
+backend.version = 1
+sampler = ApiSampler(backend, BackendGate(), Tokenizer(), max_prompt_tokens=16)
+params = Params(max_tokens=2, temperature=1.0, top_p=1.0, seed=0, stops=[])
 
 swap = WeightSwap(Backend(), BackendGate(), GeneratorMetrics("gen-t"))
 applied, release = threading.Event(), threading.Event()
 
-def handler():  # stays alive, as gRPC's handler threads do
+def handler():  # stays alive, as gRPC's handler threads and the web server's workers do
     if MODE == "swap":
         swap.apply_weights({}, 1)
+    elif MODE == "api":
+        version, choices = sampler.sample([[1, 2, 3]], 2, params)
+        assert version == 1 and [c.token_ids for c in choices[0]] == [[7, 8], [7, 8]], choices
     else:
         Backend().apply_weights({}, 1)
     applied.set()
@@ -63,3 +83,8 @@ def test_a_swap_from_a_long_lived_thread_leaves_only_that_thread():
     assert bare["extra_threads"] == 2  # the handler and the OpenMP pool it kept: what the swap must avoid
     swapped = run("swap")
     assert swapped == {"extra_threads": 1, "version": 1}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_an_api_request_from_a_long_lived_worker_leaves_only_that_thread():
+    assert run("api")["extra_threads"] == 1
