@@ -27,7 +27,7 @@ from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
-from asyncrlhf.cores import service_threads, share_dir, shares_cores
+from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
@@ -104,6 +104,7 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
                 env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
             if shares_cores(cfg, kind):
                 env[CORES_ENV] = str(share_dir(cfg.run.path))
+                env.update(shared_core_env(env))
             config_args = [a for f in files for a in ("--config", f)]
             server = [f"redis.url={redis_url}"] if redis_url else []
             args = [*config_args, *overrides, *server, f"{kind}.http_port={port}"]

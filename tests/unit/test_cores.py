@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from asyncrlhf.config import load_config
-from asyncrlhf.cores import ENV, CoreShare, service_threads, shares_cores
+from asyncrlhf.cores import ENV, OPENMP_WAIT_VARS, CoreShare, service_threads, shares_cores
 from asyncrlhf.launcher import plan
 
 pytestmark = pytest.mark.unit
@@ -87,6 +87,9 @@ def test_up_shares_the_cores_of_the_hf_generator_and_the_learner_only(tmp_path):
     env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
     assert env_of["learner"][ENV] == env_of["generator-0"][ENV] == str(cfg.run.path / "cores")
     assert ENV not in env_of["reward-0"]
+    # members wait passively (a spinning OpenMP pool burns the core the other member needs); others unchanged
+    assert env_of["learner"]["OMP_WAIT_POLICY"] == env_of["generator-0"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env_of["reward-0"].get("OMP_WAIT_POLICY") == os.environ.get("OMP_WAIT_POLICY")
     fixed = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "generator.threads=1"])
     assert not shares_cores(fixed, "generator") and service_threads(fixed, "generator") == 1  # the user's
     off = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "launch.share_cores=false"])
@@ -112,3 +115,15 @@ def test_a_dead_predecessor_of_the_same_name_is_not_counted(tmp_path, threads_ba
     assert share.busy_members() == 0
     with share.busy():
         assert share.busy_members() == 1 and share.threads() == 4
+
+
+@pytest.mark.parametrize("chosen", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "100000"}])
+def test_a_users_own_openmp_waiting_is_kept(tmp_path, monkeypatch, chosen):
+    for var in OPENMP_WAIT_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in chosen.items():
+        monkeypatch.setenv(var, value)
+    cfg = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}"])
+    env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
+    learner = env_of["learner"]
+    assert {v: learner.get(v) for v in OPENMP_WAIT_VARS} == {v: chosen.get(v) for v in OPENMP_WAIT_VARS}
