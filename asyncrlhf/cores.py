@@ -11,7 +11,7 @@ phase is working within one token or one micro-batch.
 The state is one file per busy member in a directory the launcher gives every service (`ASYNCRLHF_CORES`):
 the member's name, holding its pid. A member that died busy (SIGKILL) is not counted: its pid is gone.
 
-Members also wait passively (`SHARED_CORE_ENV`: OpenMP's idle workers sleep instead of spinning): a member's
+Members also wait passively (`shared_core_env`: OpenMP's idle workers sleep instead of spinning): a member's
 threads re-size only between tokens or micro-batches, so for a while both may run on every core, and a pool
 spinning between parallel regions then burns the core the other member needs. Measured on 2 cores
 (`asyncrlhf bench pipeline --config configs/demo.yaml --steps 8 --runs async1`): 12.34 s/step with spinning
@@ -32,8 +32,6 @@ import torch
 from asyncrlhf.config import Config
 
 ENV = "ASYNCRLHF_CORES"  # the shared directory, set by the launcher; unset: fixed threads
-# What the launcher adds to a member's environment, unless the user set OpenMP's wait policy or spin count.
-SHARED_CORE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 OPENMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 T = TypeVar("T")
 
@@ -47,7 +45,7 @@ def on_fresh_thread(fn: Callable[[], T]) -> T:
     between parallel regions and sleep on a futex instead. The generator's decoding (many small parallel
     regions) then pays a wake-up per region: measured on 2 cores, the service generated at 0.70-0.80x the
     bare backend after its first push from a gRPC thread. A thread that exits frees its pool. (Where services
-    share cores, the launcher makes every pool wait passively anyway: `SHARED_CORE_ENV`.)"""
+    share cores, the launcher makes every pool wait passively anyway: `shared_core_env`.)"""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-oneshot") as pool:
         return pool.submit(fn).result()  # leaving the block joins the thread
 
@@ -139,9 +137,9 @@ def shares_cores(cfg: Config, kind: str) -> bool:
 
 
 def shared_core_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """`SHARED_CORE_ENV` for a member whose environment is `environ`, or {} where the user chose OpenMP's
-    waiting already."""
-    return {} if any(v in environ for v in OPENMP_WAIT_VARS) else dict(SHARED_CORE_ENV)
+    """What the launcher adds to the environment `environ` of a member: passive OpenMP waiting, unless the
+    user chose OpenMP's wait policy or spin count already."""
+    return {} if any(v in environ for v in OPENMP_WAIT_VARS) else {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def service_threads(cfg: Config, kind: str) -> int:
