@@ -27,7 +27,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout", "data_ticket")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class WeightChunk(_message.Message):
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     RELAY_TARGETS_FIELD_NUMBER: _ClassVar[int]
     RELAY_FANOUT_FIELD_NUMBER: _ClassVar[int]
+    DATA_TICKET_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: DType
@@ -58,7 +59,8 @@ class WeightChunk(_message.Message):
     shm_offset: int
     relay_targets: _containers.RepeatedCompositeFieldContainer[RelayTarget]
     relay_fanout: int
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ...) -> None: ...
+    data_ticket: bytes
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ..., data_ticket: _Optional[bytes] = ...) -> None: ...
 
 class RelayTarget(_message.Message):
     __slots__ = ("id", "address")
@@ -87,17 +89,19 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host", "relaying")
+    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host", "relaying", "data_port")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     SHM_HOST_FIELD_NUMBER: _ClassVar[int]
     RELAYING_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     version: int
     updated_at: float
     tensor_count: int
     lineage: int
     shm_host: str
     relaying: bool
-    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ..., relaying: _Optional[bool] = ...) -> None: ...
+    data_port: int
+    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ..., relaying: _Optional[bool] = ..., data_port: _Optional[int] = ...) -> None: ...

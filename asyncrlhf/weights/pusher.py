@@ -6,9 +6,11 @@ every target concurrently, each with its own deadline; it returns one `PushOutco
 targets: targets that share this host's shared memory (their GetStatus says so, asked once per address) get
 the bytes through the pusher's shared-memory segments (`shm`: written once per version, adopted in place by
 the receivers, rewritten once none holds them, removed at `close`) and only control messages over gRPC; the
-others get one byte stream, encoded and checksummed (XXH3-64, while encoding) ahead of gRPC sending it —
-once for all of them (`stream.EncodedOnce`). A target that cannot open the segment is streamed to from then
-on.
+others that offer a data channel (`channel.py`; GetStatus says its port) get the bytes over it, from the
+tensors' own memory, and only control messages over gRPC; the rest get one byte stream, encoded and
+checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all of them
+(`stream.EncodedOnce`). A target that cannot open the segment, or whose data channel cannot be reached, is
+streamed to from then on (a data channel: until it is asked again, after a failed connection).
 
 With `relay_fanout` k > 0 the streamed targets form a relay tree (`relay.py`): the pusher streams to k of
 them, and each generator that commits the version forwards it to its part of the tree, so this pusher's
@@ -20,6 +22,8 @@ message carrying its part of the tree.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,11 +37,13 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
+from asyncrlhf.weights.channel import Outgoing, control_messages, new_ticket, split_address
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, commit_message, encoded_chunks, prepare
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
 from asyncrlhf.weights.shm import SegmentPool, ShmPublication, layout, shm_host, sweep_stale
 from asyncrlhf.weights.stream import EncodedOnce
 
+log = logging.getLogger(__name__)
 PushStatus = Literal["ok", "rejected", "unreachable"]
 
 @dataclass(frozen=True)
@@ -128,7 +134,8 @@ class WeightPusher:
     def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
                  dtype: str | None = "float32", timeout_s: float = 60.0,
                  credentials: grpc.ChannelCredentials | None = None,
-                 channel_options: Sequence[tuple[str, str]] = (), shm: bool = True, relay_fanout: int = 0):
+                 channel_options: Sequence[tuple[str, str]] = (), shm: bool = True, relay_fanout: int = 0,
+                 data_channel: bool = True):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         if relay_fanout < 0:
@@ -141,6 +148,9 @@ class WeightPusher:
         self._credentials, self._channel_options = credentials, list(channel_options)
         self._shm_host = shm_host() if shm else ""
         self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
+        # the data channel is plaintext: with TLS credentials, bytes stay on the (TLS) gRPC stream
+        self._data_channel = data_channel and credentials is None
+        self._data_ports: dict[str, int] = {}  # address -> its data channel's port (0: none)
         self._segments = SegmentPool()  # rewritten in place, each once no receiver holds it
         self._segment_lock = threading.Lock()
         if self._shm_host:
@@ -173,7 +183,7 @@ class WeightPusher:
         return self.send(tensors, version, targets, partial=partial, lineage=lineage)
 
     def paths(self, targets: Sequence[PushTarget]) -> list[str]:
-        """How a push reaches each target: "shm", "stream" or "unreachable:<code>" (see `_path`)."""
+        """How a push reaches each target: "shm", "data", "stream" or "unreachable:<code>" (see `_path`)."""
         if not targets:
             return []
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-probe") as pool:
@@ -191,7 +201,7 @@ class WeightPusher:
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
             if paths is None:
                 paths = list(pool.map(self._path, [t.address for t in targets]))
-            streamed, local = paths.count("stream"), "shm" in paths
+            streamed, local = paths.count("stream"), "shm" in paths  # "data": each its own connection
             # one version in the segment at a time; pushes that do not use it run side by side
             with self._segment_lock if local else contextlib.nullcontext():
                 segment = self._publish_locally(tensors, version, lineage) if local else None
@@ -247,6 +257,8 @@ class WeightPusher:
             return PushOutcome(target, "unreachable", code_name, "no answer to GetStatus", 0, 0.0, 0)
         push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
+        if path == "data":
+            return self._push_over_channel(tensors, version, target, partial, lineage, commit)
         if segment is not None and path == "shm":
             requests: Iterator[bytes] = _shm_requests(segment, partial, self.timeout_s)
         elif shared is not None:
@@ -268,18 +280,69 @@ class WeightPusher:
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
 
+    def _push_over_channel(self, tensors: Sequence[WireTensor], version: int, target: PushTarget,
+                           partial: bool, lineage: int, commit: bytes | None) -> PushOutcome:
+        """Control over gRPC, bytes over the target's data channel (sent on a thread of their own). A channel
+        that cannot be opened, or that the receiver cannot pair with the push, gets the byte stream."""
+        start = time.perf_counter()
+        address, ticket = target.address, new_ticket()
+        try:
+            outgoing = Outgoing(split_address(address), self._data_ports[address], ticket, self.timeout_s)
+        except OSError as err:
+            log.warning("weight data channel of %s (port %d) unreachable (%s): pushing over the gRPC stream",
+                        address, self._data_ports[address], err)
+            self._data_ports.pop(address, None)  # asked again at the next push (a restart may move it)
+            self._local.pop(address, None)
+            return self._push_one(tensors, version, target, partial, "stream", None, None, lineage, commit)
+        failed: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                outgoing.send(tensors)
+            except OSError as err:  # the receiver closed the connection: its gRPC status says why
+                failed.append(err)
+
+        sender = threading.Thread(target=send, name="weight-data-send", daemon=True)
+        sender.start()
+        final = commit or commit_message(version, lineage, len(tensors), partial).SerializeToString()
+        requests = itertools.chain(control_messages(tensors, version, lineage, ticket), (final,))
+        push_weights = self._channel(address).stream_unary(
+            f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
+        try:
+            reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            outgoing.abort()  # wakes the sender if the receiver stopped reading
+            error: grpc.RpcError | None = err
+        else:
+            error = None
+        finally:
+            sender.join()
+            outgoing.close()
+        seconds = time.perf_counter() - start
+        if error is None:
+            return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes)
+        if (error.details() or "").startswith("channel_unavailable"):
+            self._data_ports[address] = 0  # it cannot pair our connections: stream to it from now on
+            return self._push_one(tensors, version, target, partial, "stream", None, None, lineage, commit)
+        status: PushStatus = "unreachable" if error.code() in _UNREACHABLE else "rejected"
+        return PushOutcome(target, status, error.code().name, error.details() or "", 0, seconds, 0)
+
     def _path(self, address: str) -> str:
-        """How a push reaches `address`: "shm" (it shares this host's shared memory; asked once per
-        address), "stream", or "unreachable:<code>" (no answer to that question: the push would get none)."""
-        if not self._shm_host:
+        """How a push reaches `address`: "shm" (it shares this host's shared memory), "data" (it offers a
+        data channel), "stream", or "unreachable:<code>" (no answer to GetStatus: the push would get none).
+        Asked once per address."""
+        if not self._shm_host and not self._data_channel:
             return "stream"
         if address not in self._local:
             try:
                 status = self.get_status(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
             except grpc.RpcError as err:
                 return f"unreachable:{err.code().name}" if err.code() in _UNREACHABLE else "stream"
-            self._local[address] = status.shm_host == self._shm_host
-        return "shm" if self._local[address] else "stream"
+            self._local[address] = bool(self._shm_host) and status.shm_host == self._shm_host
+            self._data_ports[address] = status.data_port if self._data_channel else 0
+        if self._local[address]:
+            return "shm"
+        return "data" if self._data_ports.get(address) else "stream"
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:

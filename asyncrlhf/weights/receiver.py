@@ -12,6 +12,7 @@ and the generator service's `WeightSwap` implement it; the receiver, the offline
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,7 +25,7 @@ import torch
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.codec import FROM_WIRE, WireTensor
 from asyncrlhf.weights.shm_read import Lease, SegmentMaps, SegmentReader
-from asyncrlhf.weights.staging import InPlace, PushRejected, Reason, Staging
+from asyncrlhf.weights.staging import ChunkData, InPlace, PushRejected, Reason, Staging
 
 __all__ = ["PushRejected", "Reason", "WeightTarget", "ModuleTarget", "PushResult", "ReceiverStatus",
            "WeightReceiver", "swap_in"]
@@ -117,7 +118,7 @@ class ReceiverStatus:
     lineage: int = 0
 
 
-def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
+def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, ChunkData]]:
     for message in messages:
         yield message if isinstance(message, tuple) else (message, memoryview(message.data))
 
@@ -174,8 +175,9 @@ class WeightReceiver:
         for lease in leases:
             lease.release()
 
-    def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
-        """Consume one push of (header, data) pairs (see `decode_chunk`) or plain WeightChunks; raise
+    def receive(self, messages: Iterable[tuple[pb.WeightChunk, ChunkData] | pb.WeightChunk]) -> PushResult:
+        """Consume one push of (header, data) pairs (see `decode_chunk`; data: the bytes, or the push's data
+        connection, `channel.Session`) or plain WeightChunks; raise
         `PushRejected` (old weights intact) or return once the new version is live."""
         with self._lock:
             try:
@@ -184,7 +186,7 @@ class WeightReceiver:
             finally:
                 self._maps.prune(lease.name for lease in (*self._backing.values(), *self._unheld))
 
-    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]], segments: SegmentReader,
+    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, ChunkData]], segments: SegmentReader,
                  ) -> PushResult:
         with self._holds_lock:
             if self._holds:  # a relay still reads the buffers of a version: stage into new ones
@@ -209,10 +211,15 @@ class WeightReceiver:
                         done.append(current)
                     current = self._start(header, live, staged, segments)
                 current.add(header, data)
-                received += len(data)
-        finally:
-            if current is not None:
-                current.wait()  # no copy may still write into a buffer the next push reuses
+                received += len(data) if isinstance(data, memoryview) else current.nbytes
+        except BaseException:
+            if current is not None:  # no copy may still write into a buffer the next push reuses:
+                current.abort()  # a read from the data channel stops at once (its error is this one's)
+                with contextlib.suppress(Exception):
+                    current.wait()
+            raise
+        if current is not None:
+            current.wait()
         where = f" in `{current.name}`" if current is not None else ""
         raise PushRejected("truncated", f"the stream ended before the commit message{where}")
 

@@ -156,7 +156,7 @@ class TreePush:
 
     def run(self, targets: Sequence[PushTarget]) -> list[PushOutcome]:
         paths = self.pusher.paths(targets)
-        streamed = [t for t, p in zip(targets, paths, strict=True) if p == "stream"]
+        streamed = [t for t, p in zip(targets, paths, strict=True) if p in ("stream", "data")]  # other hosts
         self.tree = layout(streamed, self.fanout)
         direct = [(t, p) for t, p in zip(targets, paths, strict=True) if self._parent(t) is None]
         self.pending = {t for t in streamed if self._parent(t) is not None}

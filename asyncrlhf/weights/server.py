@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.service import is_loopback
+from asyncrlhf.weights.channel import DataListener, Session
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, decode_chunk
 from asyncrlhf.weights.receiver import PushRejected, Reason, WeightReceiver
 from asyncrlhf.weights.shm import shm_host
@@ -65,6 +66,7 @@ _STATUS: dict[Reason, grpc.StatusCode] = {
     "bad_checksum": grpc.StatusCode.DATA_LOSS,
     "truncated": grpc.StatusCode.DATA_LOSS,
     "shm_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
+    "channel_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -78,14 +80,15 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
     """Maps the WeightSync RPCs onto a `WeightReceiver` (and its `Relay`, if any)."""
 
     def __init__(self, receiver: WeightReceiver, health_servicer: health.HealthServicer | None = None,
-                 relay: Relay | None = None):
-        self.receiver, self.health, self.relay = receiver, health_servicer, relay
+                 relay: Relay | None = None, data: DataListener | None = None):
+        self.receiver, self.health, self.relay, self.data = receiver, health_servicer, relay, data
 
     def PushWeights(self, request_iterator: Iterator[tuple[pb.WeightChunk, memoryview]],
                     context: grpc.ServicerContext) -> pb.PushReply:
         asked: list[pb.WeightChunk] = []  # the commit message, when it asks for a relay this server does
         try:
-            result = self.receiver.receive(self._watch(request_iterator, asked))
+            with Session(self.data) as session:  # the push's data connection, if it names one
+                result = self.receiver.receive(session.resolve(self._watch(request_iterator, asked)))
         except PushRejected as err:
             self._unwatch(asked)
             _abort(context, err)
@@ -125,7 +128,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
         status = self.receiver.status()
         return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
                                  tensor_count=status.tensor_count, lineage=status.lineage,
-                                 shm_host=shm_host(), relaying=self.relay is not None and self.relay.relaying)
+                                 shm_host=shm_host(), relaying=self.relay is not None and self.relay.relaying,
+                                 data_port=self.data.port if self.data is not None else 0)
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
@@ -167,9 +171,14 @@ def serve(
     max_workers: int = 4,
     credentials: grpc.ServerCredentials | None = None,
     relay: Relay | None = None,
+    data: DataListener | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port.
-    With `relay` it forwards the versions whose pushes ask for it (the caller closes the relay)."""
+    With `relay` it forwards the versions whose pushes ask for it; with `data` it offers that data channel
+    (`channel.py`; never beside TLS, which it would bypass). The caller closes both."""
+    if data is not None and credentials is not None:
+        raise ValueError("the weight data channel is plaintext: do not offer one beside TLS credentials "
+                         "(set generator.data_channel=false, or serve without run.grpc_tls)")
     if token is None and not allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
@@ -181,7 +190,7 @@ def serve(
     health_servicer.set("", _SERVING if receiver.status().version else _NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    add_to_server(WeightSyncServicer(receiver, health_servicer, relay), server)
+    add_to_server(WeightSyncServicer(receiver, health_servicer, relay, data), server)
     address = f"{host}:{port}"  # with `credentials` (asyncrlhf.weights.tls): TLS only, never also plaintext
     if credentials is not None:
         bound = server.add_secure_port(address, credentials)

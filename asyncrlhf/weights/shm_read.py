@@ -14,7 +14,7 @@ from pathlib import Path
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.codec import FROM_WIRE
 from asyncrlhf.weights.shm import SEGMENT_NAME, SHM_DIR, range_lock
-from asyncrlhf.weights.staging import PushRejected
+from asyncrlhf.weights.staging import ChunkData, PushRejected
 
 _PAGE = mmap.PAGESIZE
 _POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14: map a range's pages in one call
@@ -157,8 +157,8 @@ class SegmentReader:
         self.leases: dict[str, Lease] = {}
         self._kept: set[int] = set()
 
-    def resolve(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]]
-                ) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
+    def resolve(self, messages: Iterable[tuple[pb.WeightChunk, ChunkData]]
+                ) -> Iterator[tuple[pb.WeightChunk, ChunkData]]:
         """Pass byte-stream messages through; give a shared-memory one its bytes from the segment."""
         for header, data in messages:
             if header.shm_segment:

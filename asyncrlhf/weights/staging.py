@@ -6,7 +6,7 @@ exception every refusal raises (`PushRejected`, with its `Reason`).
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
 import xxhash
@@ -15,12 +15,16 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor, copy_hashed
 
 if TYPE_CHECKING:
+    from asyncrlhf.weights.channel import Incoming
     from asyncrlhf.weights.shm_read import Lease
+
+# A message's tensor bytes: a view of them (byte stream, segment), or the push's data connection they come on.
+ChunkData: TypeAlias = "memoryview | Incoming"
 
 Reason = Literal[
     "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
     "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors", "stale_lineage",
-    "shm_unavailable",
+    "shm_unavailable", "channel_unavailable",
 ]
 
 
@@ -35,7 +39,9 @@ class PushRejected(Exception):
 class Staging:
     """One tensor being received: a byte buffer filled in order, with a running checksum. Offsets are
     checked at once; the copy and the checksum run on `worker` (one thread, so in order) while the gRPC
-    thread waits for the next chunk. `wait` before reading the buffer or reusing it."""
+    thread waits for the next chunk. `wait` before reading the buffer or reusing it. A tensor of a
+    data-channel push is one message whose bytes come from the push's connection (`channel.Incoming`),
+    read on `worker` straight into the buffer."""
 
     def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
         self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
@@ -43,8 +49,17 @@ class Staging:
         self.nbytes, self.filled, self.digest = buffer.numel(), 0, xxhash.xxh3_64()
         self.checksum: int | None = None
         self._pending: Future | None = None
+        self._incoming: Incoming | None = None
 
-    def add(self, header: pb.WeightChunk, data: memoryview) -> None:
+    def add(self, header: pb.WeightChunk, data: ChunkData) -> None:
+        if not isinstance(data, memoryview):
+            if self.filled:
+                raise PushRejected("bad_offset", f"`{self.name}`: a data-channel tensor is one control "
+                                                 "message")
+            self._incoming = data
+            self._pending = self._worker.submit(self._receive, data)
+            self.filled = self.nbytes
+            return
         end = self.filled + len(data)
         if header.offset != self.filled or end > self.nbytes:
             where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
@@ -57,9 +72,18 @@ class Staging:
     def _absorb(self, start: int, end: int, data: memoryview) -> None:
         copy_hashed(self._view[start:end], data, self.digest)
 
+    def _receive(self, incoming: Incoming) -> None:
+        written = memoryview(self._view)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
+        self.checksum = incoming.receive_into(written, self.digest, self.name)
+
     def wait(self) -> None:
         if self._pending is not None:
             self._pending.result()
+
+    def abort(self) -> None:
+        """The push is refused: stop a read from the data channel (`wait` then returns soon)."""
+        if self._incoming is not None:
+            self._incoming.abort()
 
     def wire(self) -> WireTensor:
         """The verified tensor as it came over the wire, with its checksum (after `finish`)."""
@@ -95,8 +119,8 @@ class InPlace:
         self._data = memoryview(b"")
         self._pending: Future | None = None
 
-    def add(self, header: pb.WeightChunk, data: memoryview) -> None:
-        if self.filled or len(data) != self.nbytes:
+    def add(self, header: pb.WeightChunk, data: ChunkData) -> None:
+        if self.filled or not isinstance(data, memoryview) or len(data) != self.nbytes:
             raise PushRejected("bad_offset", f"`{self.name}`: a same-host tensor is one control message "
                                              f"naming all its {self.nbytes} bytes")
         self._data, self.filled, self.checksum = data, len(data), header.checksum
@@ -112,6 +136,9 @@ class InPlace:
     def wait(self) -> None:
         if self._pending is not None:
             self._pending.result()
+
+    def abort(self) -> None:
+        """Nothing to stop: the hash reads a segment, which is there."""
 
     def tensor(self) -> torch.Tensor:
         if not self.nbytes:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
 from asyncrlhf.weights.relay import Relay
@@ -15,6 +16,7 @@ from asyncrlhf.weights.server import serve
 
 TOKEN = "s3cret"
 CHUNK = 8 << 10  # small, so every tensor of the tiny model spans several chunks
+DATA_CHANNEL = {"on": True}  # whether a `Generator` offers a data channel (the `data_path` fixture sets it)
 
 
 def tiny_model(seed: int) -> torch.nn.Module:
@@ -51,21 +53,24 @@ class Gated:
 
 class Generator:
     """A receiver-side stand-in for the generator service: a live model behind a WeightSync server that
-    relays when a push asks it to."""
+    relays when a push asks it to, with a data channel unless `DATA_CHANNEL` says none."""
 
-    def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None):
+    def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None, data: bool | None = None):
         self.model = tiny_model(seed)
         self.target = ModuleTarget(self.model, names)
         self.gated = Gated(self.target)
         self.receiver = WeightReceiver(self.gated)
         self.relay = Relay(token, chunk_bytes=CHUNK)
-        self.server, self.port = serve(self.receiver, token=token, relay=self.relay)
+        self.data = DataListener() if (DATA_CHANNEL["on"] if data is None else data) else None
+        self.server, self.port = serve(self.receiver, token=token, relay=self.relay, data=self.data)
         self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        """As if killed: the server stops and relays in flight are cut."""
+        """As if killed: the server stops, relays in flight are cut, the data channel closes."""
         self.server.stop(0)
         self.relay.close()
+        if self.data is not None:
+            self.data.close()
 
 
 def push(pusher: WeightPusher, state, version, gen: Generator, **kw):

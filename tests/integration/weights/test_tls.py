@@ -17,6 +17,7 @@ from cryptography.x509.oid import NameOID
 
 from asyncrlhf.config import load_config
 from asyncrlhf.weights import pusher as pusher_module
+from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
 from asyncrlhf.weights.relay import Relay
@@ -114,6 +115,21 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_client_ca(pk
         assert ok.status == "ok" and receiver.version == 1
     finally:
         server.stop(0)
+
+
+def test_tls_never_meets_the_plaintext_data_channel(pki):
+    server_cert, server_key = pki["server"]
+    tls = tls_config(cert_file=server_cert, key_file=server_key)
+    receiver = WeightReceiver(ModuleTarget(torch.nn.Linear(4, 3)))
+    listener = DataListener()
+    try:
+        with pytest.raises(ValueError, match="plaintext"):
+            serve(receiver, credentials=server_credentials(tls), data=listener)
+    finally:
+        listener.close()
+    cfg = load_config([], [f"run.grpc_tls.ca_file={pki['ca']}"])
+    with WeightPusher.from_config(cfg) as pusher:
+        assert not pusher._data_channel  # a TLS pusher keeps the bytes on the TLS stream
 
 
 def test_half_a_tls_config_fails_with_what_to_set(pki):

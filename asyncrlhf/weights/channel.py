@@ -1,0 +1,276 @@
+"""The data channel: a push's tensor bytes over a plain TCP connection beside its gRPC call.
+
+gRPC carries control (every tensor's name, shape and dtype, the version, the commit) and the TCP connection
+carries the bytes, sent from the tensors' own memory and received into the receiver's staging buffers, each
+hashed block by block while it is in cache: no user-space copy on either side, where a gRPC byte stream
+copies each chunk into a message, into HTTP/2 frames and back out (`docs/weights.md`, "The data channel").
+
+- **Opening**: the pusher draws a one-time ticket (`TICKET_BYTES` random bytes), connects to the receiver's
+  data port (its GetStatus says which) and sends the ticket first; the same ticket rides on every tensor
+  message of the push's gRPC call, which carries the run's token. The receiver pairs the two by the ticket
+  (`DataListener.claim`): a connection that sends no ticket within `CLAIM_TIMEOUT_S`, or that no push
+  claims within `PARKED_S`, is closed, and a connection carries exactly one push.
+- **Bytes**: each tensor's bytes in the order of its messages, then its XXH3-64 (8 bytes, little-endian),
+  computed by the sender while sending (or the checksum a relay verified, passed on): `send_tensors`,
+  `receive_into`. What the receiver verifies is what it stored, as on the byte stream.
+- **Failure**: an early end of the connection or a silent sender (`IDLE_TIMEOUT_S`) is `truncated`, a wrong
+  hash `bad_checksum`, a ticket whose connection never comes `channel_unavailable` (the pusher then streams
+  over gRPC): every one a refused push, the old version still serving.
+
+The channel is plaintext: a server with TLS credentials offers none, and a pusher with TLS credentials never
+uses one (its pushes stay on the TLS gRPC stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import xxhash
+
+from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.weights.codec import WireTensor
+from asyncrlhf.weights.staging import PushRejected
+
+log = logging.getLogger(__name__)
+
+TICKET_BYTES = 16
+CHECKSUM_BYTES = 8
+BLOCK = 1 << 20  # sent or received, then hashed while in cache (1 MiB: fastest of 256 KiB..4 MiB here)
+CLAIM_TIMEOUT_S = 10.0  # a ticket's connection, or a connection's ticket, must come within this
+PARKED_S = 120.0  # a connection with its ticket waits this long for its push (behind one in progress)
+IDLE_TIMEOUT_S = 30.0  # a receiver gives up on a connection silent this long mid-push
+MAX_PENDING = 32  # connections accepted and not yet claimed; more are closed at once
+
+
+def new_ticket() -> bytes:
+    return secrets.token_bytes(TICKET_BYTES)
+
+
+def split_address(address: str) -> str:
+    """The host of a `host:port` gRPC address (`[v6]:port` too)."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _read_exactly(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise EOFError(f"the connection ended after {got} of {len(view)} bytes")
+        got += n
+
+
+class DataListener:
+    """The receiving end: accepts data connections on `host:port` (0: a free port; `port` says which) and
+    holds each, by its ticket, until the push that names the ticket claims it."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, claim_timeout_s: float = CLAIM_TIMEOUT_S):
+        self.claim_timeout_s = claim_timeout_s
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as err:
+            self._sock.close()
+            raise OSError(f"cannot bind the weight data channel to {host}:{port}: {err.strerror} "
+                          "(set generator.data_port to a free port, or 0)") from err
+        self._sock.listen(16)
+        self.port: int = self._sock.getsockname()[1]
+        self._waiting: dict[bytes, tuple[socket.socket, float]] = {}
+        self._handshakes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._acceptor = threading.Thread(target=self._accept, name="weight-data-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            with self._cond:
+                self._sweep()
+                busy = self._closed or self._handshakes + len(self._waiting) >= MAX_PENDING
+                if not busy:
+                    self._handshakes += 1
+            if busy:
+                conn.close()
+                continue
+            threading.Thread(target=self._handshake, args=(conn,), name="weight-data-ticket",
+                             daemon=True).start()
+
+    def _handshake(self, conn: socket.socket) -> None:
+        """Read the connection's ticket and park it; a connection that sends none in time is closed."""
+        ticket = bytearray(TICKET_BYTES)
+        try:
+            conn.settimeout(self.claim_timeout_s)
+            _read_exactly(conn, memoryview(ticket))
+            conn.settimeout(IDLE_TIMEOUT_S)
+        except (OSError, EOFError):
+            conn.close()
+            ticket = bytearray()
+        with self._cond:
+            self._handshakes -= 1
+            if ticket and not self._closed and bytes(ticket) not in self._waiting:
+                self._waiting[bytes(ticket)] = (conn, time.monotonic())
+                self._cond.notify_all()
+            elif ticket:
+                conn.close()
+
+    def _sweep(self) -> None:
+        """Close connections nobody claimed in time (under the lock)."""
+        now = time.monotonic()
+        for ticket, (conn, since) in list(self._waiting.items()):
+            if now - since > max(PARKED_S, self.claim_timeout_s):
+                del self._waiting[ticket]
+                conn.close()
+
+    def claim(self, ticket: bytes) -> socket.socket:
+        """The connection that sent `ticket`, once it has; `channel_unavailable` if none does in time."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: ticket in self._waiting or self._closed, self.claim_timeout_s)
+            if not found or self._closed:
+                raise PushRejected("channel_unavailable",
+                                   f"no data connection presented this push's ticket within "
+                                   f"{self.claim_timeout_s:g} s (is the data port {self.port} reachable from "
+                                   "the pusher?); push over the gRPC stream")
+            conn, _ = self._waiting.pop(ticket)
+            return conn
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            waiting, self._waiting = self._waiting, {}
+            self._cond.notify_all()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        for conn, _ in waiting.values():
+            conn.close()
+        self._acceptor.join(5)
+
+
+class Incoming:
+    """One push's data connection on the receiving side: `tensor` reads the next tensor's bytes into a
+    buffer. Obtained through `Session.resolve`; closed when the push ends."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+
+    def receive_into(self, view: memoryview, digest: xxhash.xxh3_64, name: str) -> int:
+        """Fill `view` from the connection, hashing each block as it lands; return the sender's checksum."""
+        try:
+            for start in range(0, len(view), BLOCK):
+                block = view[start:start + BLOCK]
+                _read_exactly(self.conn, block)
+                digest.update(block)
+            trailer = bytearray(CHECKSUM_BYTES)
+            _read_exactly(self.conn, memoryview(trailer))
+        except TimeoutError as err:
+            raise PushRejected("truncated", f"`{name}`: the data connection was silent for "
+                                            f"{IDLE_TIMEOUT_S:g} s mid-tensor") from err
+        except (OSError, EOFError) as err:
+            raise PushRejected("truncated", f"`{name}`: the data connection broke mid-tensor: {err}") from err
+        return int.from_bytes(trailer, "little")
+
+    def abort(self) -> None:
+        """Wake a read in progress (it fails as truncated) and refuse the sender's further bytes."""
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.abort()
+        self.conn.close()
+
+
+class Session:
+    """The data connection of the push being received, if it names one: `resolve` pairs each tensor message
+    that carries a ticket with the `Incoming` connection of that ticket (claimed on its first message).
+    Use as a context manager: the connection is closed when the push ends, whatever the outcome."""
+
+    def __init__(self, listener: DataListener | None):
+        self.listener = listener
+        self.incoming: Incoming | None = None
+        self._ticket = b""
+
+    def resolve(self, messages: Iterator[tuple[pb.WeightChunk, memoryview]],
+                ) -> Iterator[tuple[pb.WeightChunk, memoryview | Incoming]]:
+        for header, data in messages:
+            if header.data_ticket:
+                yield header, self._incoming(header.data_ticket)
+            else:
+                yield header, data
+
+    def _incoming(self, ticket: bytes) -> Incoming:
+        if self.listener is None:
+            raise PushRejected("channel_unavailable", "this receiver has no data channel (its GetStatus "
+                                                      "says data_port 0); push over the gRPC stream")
+        if self.incoming is None:
+            self.incoming, self._ticket = Incoming(self.listener.claim(ticket)), ticket
+        elif ticket != self._ticket:
+            raise PushRejected("channel_unavailable", "a push names one data connection; this message names "
+                                                      "another ticket")
+        return self.incoming
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.incoming is not None:
+            self.incoming.close()
+
+
+class Outgoing:
+    """One push's data connection on the sending side: opened with the ticket sent, then `send` streams the
+    tensors' bytes and checksums (typically on its own thread while gRPC sends the control messages)."""
+
+    def __init__(self, host: str, port: int, ticket: bytes, timeout_s: float):
+        self.sock = socket.create_connection((host, port), timeout=min(timeout_s, CLAIM_TIMEOUT_S))
+        try:
+            self.sock.settimeout(timeout_s)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.sendall(ticket)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sent = 0
+
+    def send(self, tensors: Sequence[WireTensor]) -> None:
+        """Every tensor's bytes from its own memory, each followed by its checksum: the one it carries (a
+        relay passing on what it verified) or XXH3-64 computed block by block as the block is sent."""
+        for t in tensors:
+            digest = xxhash.xxh3_64()
+            for start in range(0, t.data.nbytes, BLOCK):
+                block = t.data[start:start + BLOCK]
+                if t.checksum is None:
+                    digest.update(block)
+                self.sock.sendall(block)
+                self.sent += len(block)
+            checksum = digest.intdigest() if t.checksum is None else t.checksum
+            self.sock.sendall(checksum.to_bytes(CHECKSUM_BYTES, "little"))
+
+    def abort(self) -> None:
+        """Wake a `send` blocked on a receiver that is gone (the gRPC call ended first)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.abort()
+        self.sock.close()
+
+
+def control_messages(tensors: Sequence[WireTensor], version: int, lineage: int,
+                     ticket: bytes) -> Iterator[bytes]:
+    """The gRPC side of a data-channel push, without its commit: one control message per tensor."""
+    for t in tensors:
+        yield pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype, shape=t.shape,
+                             data_ticket=ticket).SerializeToString()
