@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrlhf.bench.weightplane import TOKEN, Tensors, state_dict
+from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.relay import Relay
@@ -33,14 +34,15 @@ def _receivers(params: int, count: int, conn) -> None:
     running = []
     for _ in range(count):
         receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
-        relay = Relay(TOKEN, timeout_s=600)
-        server, port = serve(receiver, token=TOKEN, relay=relay)
-        running.append((server, relay, port))
-    conn.send([port for _, _, port in running])
+        relay, data = Relay(TOKEN, timeout_s=600), DataListener()  # as a generator: with a data channel
+        server, port = serve(receiver, token=TOKEN, relay=relay, data=data)
+        running.append((server, relay, data, port))
+    conn.send([port for *_, port in running])
     conn.recv()
-    for server, relay, _ in running:
+    for server, relay, data, _ in running:
         relay.close()
         server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
+        data.close()
 
 
 @contextmanager

@@ -115,6 +115,12 @@ class GeneratorConfig(Section):
     grpc_host: str = Field("127.0.0.1", description="WeightSync bind address.")
     grpc_port: int = Field(0, ge=0, description="WeightSync port (0: pick a free one).")
     advertise_host: str | None = Field(None, description="Address the learner dials (defaults to grpc_host).")
+    data_channel: bool = Field(
+        True, description="Offer pushes a TCP data channel beside WeightSync (on grpc_host): tensor bytes "
+        "there, control over gRPC (docs/weights.md). Plaintext, so never offered with run.grpc_tls.")
+    data_port: int = Field(
+        0, ge=0, description="Data channel port (0: pick a free one); open it to the learner and to relaying "
+        "generators as WeightSync's.")
     http_host: str = Field("127.0.0.1")
     http_port: int = Field(0, ge=0, description="Health, metrics and /v1/completions (0: pick a free one).")
     heartbeat_s: float = Field(2.0, gt=0, description="Registry heartbeat period.")

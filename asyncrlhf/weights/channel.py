@@ -24,12 +24,14 @@ uses one (its pushes stay on the TLS gRPC stream).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import xxhash
 
@@ -38,6 +40,7 @@ from asyncrlhf.weights.codec import WireTensor
 from asyncrlhf.weights.staging import PushRejected
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 TICKET_BYTES = 16
 CHECKSUM_BYTES = 8
@@ -274,3 +277,28 @@ def control_messages(tensors: Sequence[WireTensor], version: int, lineage: int,
     for t in tensors:
         yield pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype, shape=t.shape,
                              data_ticket=ticket).SerializeToString()
+
+
+def push_beside(call: Callable[[Iterator[bytes]], R], host: str, port: int, tensors: Sequence[WireTensor],
+                version: int, lineage: int, commit: bytes, timeout_s: float) -> R:
+    """One data-channel push: open the connection to `host:port` (OSError if it cannot be), send the tensors'
+    bytes over it on a thread of their own while `call` (the gRPC call) sends the control messages and then
+    `commit`; return what `call` returns. If `call` raises, the sending stops at once (the receiver has
+    stopped reading) and the error is the caller's."""
+    ticket = new_ticket()
+    outgoing = Outgoing(host, port, ticket, timeout_s)
+
+    def send() -> None:
+        with contextlib.suppress(OSError):  # the receiver closed the connection: its gRPC status says why
+            outgoing.send(tensors)
+
+    sender = threading.Thread(target=send, name="weight-data-send", daemon=True)
+    sender.start()
+    try:
+        return call(itertools.chain(control_messages(tensors, version, lineage, ticket), (commit,)))
+    except BaseException:
+        outgoing.abort()
+        raise
+    finally:
+        sender.join()
+        outgoing.close()

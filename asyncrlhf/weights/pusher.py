@@ -22,7 +22,7 @@ message carrying its part of the tree.
 from __future__ import annotations
 
 import contextlib
-import itertools
+import functools
 import logging
 import threading
 import time
@@ -37,8 +37,9 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights.channel import Outgoing, control_messages, new_ticket, split_address
+from asyncrlhf.weights.channel import push_beside, split_address
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, commit_message, encoded_chunks, prepare
+from asyncrlhf.weights.routes import UNREACHABLE, Routes
 from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
 from asyncrlhf.weights.shm import SegmentPool, ShmPublication, layout, shm_host, sweep_stale
 from asyncrlhf.weights.stream import EncodedOnce
@@ -68,7 +69,6 @@ class PushOutcome:
 
 
 PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target whether it shares our shared memory
-_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
@@ -146,14 +146,12 @@ class WeightPusher:
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self._credentials, self._channel_options = credentials, list(channel_options)
-        self._shm_host = shm_host() if shm else ""
-        self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
         # the data channel is plaintext: with TLS credentials, bytes stay on the (TLS) gRPC stream
-        self._data_channel = data_channel and credentials is None
-        self._data_ports: dict[str, int] = {}  # address -> its data channel's port (0: none)
+        self.routes = Routes(functools.partial(self.get_status, timeout_s=min(PROBE_TIMEOUT_S, timeout_s)),
+                             shm_host() if shm else "", data_channel and credentials is None)
         self._segments = SegmentPool()  # rewritten in place, each once no receiver holds it
         self._segment_lock = threading.Lock()
-        if self._shm_host:
+        if self.routes.shm_host:
             sweep_stale()  # segments of a pusher that was killed mid-push
 
     @classmethod
@@ -183,11 +181,11 @@ class WeightPusher:
         return self.send(tensors, version, targets, partial=partial, lineage=lineage)
 
     def paths(self, targets: Sequence[PushTarget]) -> list[str]:
-        """How a push reaches each target: "shm", "data", "stream" or "unreachable:<code>" (see `_path`)."""
+        """How a push reaches each target: "shm", "data", "stream" or "unreachable:<code>" (`Routes.path`)."""
         if not targets:
             return []
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-probe") as pool:
-            return list(pool.map(self._path, [t.address for t in targets]))
+            return list(pool.map(self.routes.path, [t.address for t in targets]))
 
     def send(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget], *,
              partial: bool = False, lineage: int = 0, relay: RelayPlan | None = None, relay_fanout: int = 0,
@@ -200,7 +198,7 @@ class WeightPusher:
         relay = relay or {}
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
             if paths is None:
-                paths = list(pool.map(self._path, [t.address for t in targets]))
+                paths = list(pool.map(self.routes.path, [t.address for t in targets]))
             streamed, local = paths.count("stream"), "shm" in paths  # "data": each its own connection
             # one version in the segment at a time; pushes that do not use it run side by side
             with self._segment_lock if local else contextlib.nullcontext():
@@ -219,7 +217,7 @@ class WeightPusher:
                 finally:
                     if segment is not None:
                         segment.finish()
-                        self._segments.trim(segment.segment, receivers=sum(self._local.values()))
+                        self._segments.trim(segment.segment, receivers=self.routes.local_receivers())
                     if shared is not None:
                         shared.close()
 
@@ -272,77 +270,42 @@ class WeightPusher:
         except grpc.RpcError as err:
             code = err.code()
             if path == "shm" and (err.details() or "").startswith("shm_unavailable"):
-                self._local[target.address] = False  # it does not see our segments: stream to it
+                self.routes.no_shm(target.address)
                 return self._push_one(tensors, version, target, partial, "stream", None, None, lineage,
                                       commit)
-            status: PushStatus = "unreachable" if code in _UNREACHABLE else "rejected"
+            status: PushStatus = "unreachable" if code in UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
         return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
 
     def _push_over_channel(self, tensors: Sequence[WireTensor], version: int, target: PushTarget,
                            partial: bool, lineage: int, commit: bytes | None) -> PushOutcome:
-        """Control over gRPC, bytes over the target's data channel (sent on a thread of their own). A channel
-        that cannot be opened, or that the receiver cannot pair with the push, gets the byte stream."""
-        start = time.perf_counter()
-        address, ticket = target.address, new_ticket()
-        try:
-            outgoing = Outgoing(split_address(address), self._data_ports[address], ticket, self.timeout_s)
-        except OSError as err:
-            log.warning("weight data channel of %s (port %d) unreachable (%s): pushing over the gRPC stream",
-                        address, self._data_ports[address], err)
-            self._data_ports.pop(address, None)  # asked again at the next push (a restart may move it)
-            self._local.pop(address, None)
-            return self._push_one(tensors, version, target, partial, "stream", None, None, lineage, commit)
-        failed: list[BaseException] = []
-
-        def send() -> None:
-            try:
-                outgoing.send(tensors)
-            except OSError as err:  # the receiver closed the connection: its gRPC status says why
-                failed.append(err)
-
-        sender = threading.Thread(target=send, name="weight-data-send", daemon=True)
-        sender.start()
-        final = commit or commit_message(version, lineage, len(tensors), partial).SerializeToString()
-        requests = itertools.chain(control_messages(tensors, version, lineage, ticket), (final,))
+        """Control over gRPC, bytes over the target's data channel (`channel.push_beside`). A channel that
+        cannot be opened, or that the receiver cannot pair with the push, gets the byte stream."""
+        start, address, port = time.perf_counter(), target.address, self.routes.data_port(target.address)
         push_weights = self._channel(address).stream_unary(
             f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
-        try:
-            reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
-        except grpc.RpcError as err:
-            outgoing.abort()  # wakes the sender if the receiver stopped reading
-            error: grpc.RpcError | None = err
-        else:
-            error = None
-        finally:
-            sender.join()
-            outgoing.close()
-        seconds = time.perf_counter() - start
-        if error is None:
-            return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes)
-        if (error.details() or "").startswith("channel_unavailable"):
-            self._data_ports[address] = 0  # it cannot pair our connections: stream to it from now on
-            return self._push_one(tensors, version, target, partial, "stream", None, None, lineage, commit)
-        status: PushStatus = "unreachable" if error.code() in _UNREACHABLE else "rejected"
-        return PushOutcome(target, status, error.code().name, error.details() or "", 0, seconds, 0)
 
-    def _path(self, address: str) -> str:
-        """How a push reaches `address`: "shm" (it shares this host's shared memory), "data" (it offers a
-        data channel), "stream", or "unreachable:<code>" (no answer to GetStatus: the push would get none).
-        Asked once per address."""
-        if not self._shm_host and not self._data_channel:
-            return "stream"
-        if address not in self._local:
-            try:
-                status = self.get_status(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
-            except grpc.RpcError as err:
-                return f"unreachable:{err.code().name}" if err.code() in _UNREACHABLE else "stream"
-            self._local[address] = bool(self._shm_host) and status.shm_host == self._shm_host
-            self._data_ports[address] = status.data_port if self._data_channel else 0
-        if self._local[address]:
-            return "shm"
-        return "data" if self._data_ports.get(address) else "stream"
+        def call(requests: Iterator[bytes]) -> pb.PushReply:
+            return push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
+
+        final = commit or commit_message(version, lineage, len(tensors), partial).SerializeToString()
+        try:
+            reply = push_beside(call, split_address(address), port, tensors, version, lineage, final,
+                                self.timeout_s)
+            seconds = time.perf_counter() - start
+            return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes)
+        except OSError as err:
+            log.warning("weight data channel of %s (port %d) unreachable (%s): pushing over the gRPC stream",
+                        address, port, err)
+            self.routes.forget(address)
+        except grpc.RpcError as err:
+            if not (err.details() or "").startswith("channel_unavailable"):
+                status: PushStatus = "unreachable" if err.code() in UNREACHABLE else "rejected"
+                return PushOutcome(target, status, err.code().name, err.details() or "", 0,
+                                   time.perf_counter() - start, 0)
+            self.routes.no_data(address)
+        return self._push_one(tensors, version, target, partial, "stream", None, None, lineage, commit)
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._channels_lock:

@@ -24,6 +24,7 @@ from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
@@ -71,10 +72,13 @@ class WeightSyncServer:
     port: int
     address: str  # host:port the learner dials
     relay: Relay  # forwards committed versions to other generators when a push asks (learner.relay_fanout)
+    data: DataListener | None = None  # the data channel pushes' tensor bytes come on (generator.data_channel)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.server.stop(grace_s).wait(grace_s + 1)
         self.relay.close()
+        if self.data is not None:
+            self.data.close()
 
 
 def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
@@ -85,10 +89,19 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     # After a restart: no version (0) of no lineage (0) until the learner pushes one.
     receiver = WeightReceiver(swap, version=0, on_lineage=swap.stage_lineage)
     relay = Relay.from_config(cfg)
-    server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
-                         allow_insecure_bind=cfg.run.allow_insecure_bind,
-                         credentials=server_credentials(cfg.run.grpc_tls), relay=relay)
-    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}", relay)
+    credentials = server_credentials(cfg.run.grpc_tls)
+    # tensor bytes beside the gRPC call (plaintext: not beside TLS, which it would bypass)
+    data = DataListener(host, cfg.generator.data_port) if cfg.generator.data_channel and credentials is None \
+        else None
+    try:
+        server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
+                             allow_insecure_bind=cfg.run.allow_insecure_bind, credentials=credentials,
+                             relay=relay, data=data)
+    except BaseException:
+        if data is not None:
+            data.close()
+        raise
+    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}", relay, data)
 
 
 def advertised_host(cfg: Config) -> str:

@@ -308,14 +308,14 @@ def test_a_push_whose_segment_a_newer_version_is_rewriting_is_refused(generator,
     assert same(snapshot(generator.model), old) and generator.receiver.version == 0
 
 
-def test_a_receiver_that_cannot_see_the_segment_gets_the_byte_stream(generator, learner, monkeypatch,
-                                                                     tmp_path):
+def test_a_receiver_that_cannot_see_the_segment_gets_the_bytes_over_the_network(generator, learner,
+                                                                               monkeypatch, tmp_path):
     # a private /dev/shm, as in another container
     blind = lambda maps: shm_read.SegmentReader(shm_read.SegmentMaps(tmp_path))  # noqa: E731
     monkeypatch.setattr(receiver_module, "SegmentReader", blind)
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
         assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
-        assert pusher._local[generator.address] is False
+        assert pusher.routes.path(generator.address) == "data"  # its data channel from now on, not shm
         assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
     assert same(snapshot(generator.model), snapshot(learner))
 

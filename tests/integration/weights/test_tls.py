@@ -129,7 +129,7 @@ def test_tls_never_meets_the_plaintext_data_channel(pki):
         listener.close()
     cfg = load_config([], [f"run.grpc_tls.ca_file={pki['ca']}"])
     with WeightPusher.from_config(cfg) as pusher:
-        assert not pusher._data_channel  # a TLS pusher keeps the bytes on the TLS stream
+        assert not pusher.routes.data_channel  # a TLS pusher keeps the bytes on the TLS stream
 
 
 def test_half_a_tls_config_fails_with_what_to_set(pki):

@@ -23,6 +23,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "asyncrlhf.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 SERVICE_PORTS = {"generator": 8001, "reward": 8002, "learner": 8003, "evaluator": 8004}
 GRPC_PORT = 50051
+DATA_PORT = 50052  # the weight data channel
 
 
 # -- compose ----------------------------------------------------------------------------------------------

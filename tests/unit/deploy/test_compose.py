@@ -10,6 +10,7 @@ import yaml
 
 from asyncrlhf.config import load_config
 from tests.unit.deploy.helpers import (
+    DATA_PORT,
     DEPLOY,
     GRPC_PORT,
     ROOT,
@@ -105,6 +106,7 @@ def test_container_layer_loads_on_each_run_config_with_the_fixed_ports(run_confi
     cfg = load_config([ROOT / run_config, DEPLOY / "compose" / "container.yaml"], ["run.token=t"])
     assert {s: getattr(cfg, s).http_port for s in SERVICE_PORTS} == SERVICE_PORTS
     assert cfg.generator.grpc_port == GRPC_PORT and cfg.generator.advertise_host == "generator"
+    assert cfg.generator.data_channel and cfg.generator.data_port == DATA_PORT
     assert cfg.redis.url == "redis://redis:6379/0"
 
 

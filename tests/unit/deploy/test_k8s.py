@@ -15,7 +15,15 @@ from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, run_key
 from asyncrlhf.weights.server import SERVICE
-from tests.unit.deploy.helpers import GRPC_PORT, K8S, ROOT, SERVICE_PORTS, manifest_files, render_kustomize
+from tests.unit.deploy.helpers import (
+    DATA_PORT,
+    GRPC_PORT,
+    K8S,
+    ROOT,
+    SERVICE_PORTS,
+    manifest_files,
+    render_kustomize,
+)
 
 pytestmark = pytest.mark.unit
 KUBERNETES_VERSION = "1.30"  # the oldest release these manifests target (autoscaling/v2, sizeLimit, ...)
@@ -339,6 +347,7 @@ def test_configmap_holds_the_run_config_and_it_loads_with_the_container_layer(
     )
     ports = {s: getattr(cfg, s).http_port for s in SERVICE_PORTS}
     assert ports == SERVICE_PORTS and cfg.generator.grpc_port == GRPC_PORT
+    assert cfg.generator.data_port == DATA_PORT
     assert cfg.generator.http_host == cfg.generator.grpc_host == "0.0.0.0"
 
 
@@ -353,7 +362,11 @@ def test_only_the_learner_reaches_the_generators_weightsync_port(rendered):
     open_rules = [r for r in policy["spec"]["ingress"] if "from" not in r]
     assert all(p["port"] == SERVICE_PORTS["generator"] for r in open_rules for p in r["ports"])
     ports = {p["name"]: p["containerPort"] for p in container(docs, "Deployment", "generator")["ports"]}
-    assert ports["grpc"] == GRPC_PORT
+    assert ports["grpc"] == GRPC_PORT and ports["weight-data"] == DATA_PORT
+    data = [r for r in policy["spec"]["ingress"] if any(p["port"] == DATA_PORT for p in r.get("ports", []))]
+    assert data == grpc  # the data channel: the learner only, as WeightSync
+    service = {p["name"]: p["port"] for p in find(docs, "Service", "generator")["spec"]["ports"]}
+    assert service["weight-data"] == DATA_PORT
 
 
 @needs_kubectl
