@@ -1,5 +1,6 @@
 """WeightSync into a generator in this process: a push lands between batches and replies once applied."""
 
+import socket
 import threading
 
 import pytest
@@ -10,6 +11,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.weights import pusher as pusher_module
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap, start_weight_sync
@@ -50,3 +52,26 @@ def test_a_push_waits_for_the_batch_in_progress_and_replies_once_applied():
         assert metrics.registry.get_sample_value(names.GENERATOR_WEIGHT_UPDATES_TOTAL) == 1
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("offered, path", [(True, "data"), (False, "stream")])
+def test_across_hosts_a_push_takes_the_data_channel_the_generator_offers(monkeypatch, offered, path):
+    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # the learner on another host
+    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu",
+                                              f"generator.data_channel={str(offered).lower()}"])
+    backend = HFBackend.from_config(cfg, load_tokenizer(cfg.model))
+    server = start_weight_sync(cfg, WeightSwap(backend, BackendGate(), GeneratorMetrics("gen-t")))
+    new = perturbed_state_dict(load_policy(cfg.model), seed=9)
+    target = [PushTarget("gen-t", server.address)]
+    try:
+        with WeightPusher(timeout_s=WAIT_S) as pusher:
+            assert pusher.paths(target) == [path]
+            assert [o.status for o in pusher.push(new, 1, target)] == ["ok"] and backend.version == 1
+        live = backend.named_tensors()
+        assert all(torch.equal(live[name], tensor) for name, tensor in new.items())
+    finally:
+        server.stop()
+    assert (server.data is not None) == offered
+    if server.data is not None:  # stopping the generator closed its data port
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", server.data.port), timeout=2).close()
