@@ -84,6 +84,7 @@ LEARNER_STEP_SECONDS = _metric("learner", "step_seconds")  # histogram
 LEARNER_PUSH_SECONDS = _metric("learner", "push_seconds")  # label: target
 LEARNER_PUSH_BYTES_TOTAL = _metric("learner", "push_bytes", "total")  # label: target
 LEARNER_PUSH_FAILURES_TOTAL = _metric("learner", "push_failures", "total")  # labels: target, status
+LEARNER_PUSHES_TOTAL = _metric("learner", "pushes", "total")  # label: path (shm, data, stream, relay)
 LEARNER_STEP_TO_SERVE_SECONDS = _metric("learner", "step_to_serve_seconds")  # step done -> all serve it
 LEARNER_PUBLISH_SECONDS = _metric("learner", "publish", "seconds")  # histogram: gather + push, per version
 LEARNER_IN_FLIGHT_GROUPS = _metric("learner", "in_flight_groups")

@@ -66,6 +66,7 @@ class PushOutcome:
     seconds: float
     bytes: int  # tensor bytes this pusher sent the target (0: it got the version from a relay)
     relayed_by: str = ""  # the id of the generator that forwarded the version to it ("": this pusher did)
+    path: str = ""  # how the version reached it, when ok: "shm", "data", "stream" or "relay"
 
 
 PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target whether it shares our shared memory
@@ -276,7 +277,8 @@ class WeightPusher:
             status: PushStatus = "unreachable" if code in UNREACHABLE else "rejected"
             seconds = time.perf_counter() - start
             return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
-        return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes)
+        return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes,
+                           path=path)
 
     def _push_over_channel(self, tensors: Sequence[WireTensor], version: int, target: PushTarget,
                            partial: bool, lineage: int, commit: bytes | None) -> PushOutcome:
@@ -294,7 +296,7 @@ class WeightPusher:
             reply = push_beside(call, split_address(address), port, tensors, version, lineage, final,
                                 self.timeout_s)
             seconds = time.perf_counter() - start
-            return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes)
+            return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes, path="data")
         except OSError as err:
             log.warning("weight data channel of %s (port %d) unreachable (%s): pushing over the gRPC stream",
                         address, port, err)

@@ -209,7 +209,7 @@ class TreePush:
     def _relayed(self, target: PushTarget) -> PushOutcome:
         parent = self._parent(target)
         return PushOutcome(target, "ok", "OK", "", self.version, time.perf_counter() - self._start, 0,
-                           parent.id if parent is not None else "")
+                           parent.id if parent is not None else "", path="relay")
 
     def _follow(self, pool: ThreadPoolExecutor, order: Sequence[PushTarget]) -> bool:
         """One round of GetStatus over the frontier: the pending targets whose parent committed, and those

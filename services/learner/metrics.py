@@ -55,6 +55,8 @@ class LearnerMetrics:
                                ["target"], registry=r)
         self.push_bytes = Counter(names.LEARNER_PUSH_BYTES_TOTAL, "Bytes pushed, per target.", ["target"],
                                   registry=r)
+        self.pushes = Counter(names.LEARNER_PUSHES_TOTAL, "Versions that reached a generator, by the path "
+                              "they took: shm, data (channel), stream (gRPC), relay.", ["path"], registry=r)
         self.push_failures = Counter(names.LEARNER_PUSH_FAILURES_TOTAL,
                                      "Failed pushes, per target and status.", ["target", "status"],
                                      registry=r)

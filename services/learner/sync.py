@@ -91,6 +91,7 @@ class WeightPublisher:
             self.metrics.push_time.labels(target).set(outcome.seconds)
             if outcome.status == "ok":
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
+                self.metrics.pushes.labels(outcome.path).inc()
                 self._pushed[target] = (self.version, time.monotonic())
                 self._failures.pop(target, None)
                 self._failing_since.pop(target, None)

@@ -9,7 +9,7 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrlhf.config import load_config
-from asyncrlhf.metrics import LEARNER_PUSH_BYTES_TOTAL
+from asyncrlhf.metrics import LEARNER_PUSH_BYTES_TOTAL, LEARNER_PUSHES_TOTAL
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.registry import Registry
 from asyncrlhf.weights import pusher as pusher_module
@@ -86,8 +86,10 @@ def test_a_dead_generator_still_listed_is_waited_out_not_fatal(redis_client, red
 
 def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_is_pushed_around(
         redis_client, redis_url, run_name, monkeypatch):
-    """learner.relay_fanout=2 over five registered generators (as across hosts: no shared memory): g0 (relays
-    to g1, g2) is dead yet still registered; the learner pushes to g1 and g2 itself, g3 relays to g4."""
+    """learner.relay_fanout=2 over five registered generators (as across hosts: no shared memory, each with a
+    data channel): g0 is dead yet still registered; asking each how to reach it, the learner finds g0 silent
+    and builds the tree over the rest: it pushes to g1 and g3, which relay to g2 and g4. (A relay that dies
+    after that question: tests/integration/weights/test_relay.py.)"""
     monkeypatch.setattr(pusher_module, "shm_host", lambda: "")
     gens = [Generator(seed=20 + i) for i in range(5)]
     learner = tiny_model(0)
@@ -104,7 +106,10 @@ def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_i
         sent = {f"g{i}": pub.metrics.registry.get_sample_value(LEARNER_PUSH_BYTES_TOTAL, {"target": f"g{i}"})
                 for i in range(1, 5)}
         size = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
-        assert sent == {"g1": 2 * size, "g2": 2 * size, "g3": 2 * size, "g4": 0}  # g4: relayed by g3
+        assert sent == {"g1": 2 * size, "g2": 0, "g3": 2 * size, "g4": 0}  # g2, g4: relayed by g1, g3
+        paths = {p: pub.metrics.registry.get_sample_value(LEARNER_PUSHES_TOTAL, {"path": p})
+                 for p in ("data", "relay")}
+        assert paths == {"data": 4, "relay": 4}  # per version: g1 and g3 over their data channels
         assert pub._failures["g0"] == 2  # the dead one: reported, retried, not fatal within its TTL
     finally:
         pub.close()

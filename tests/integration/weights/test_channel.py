@@ -241,6 +241,7 @@ def test_relays_forward_over_the_data_channel():
             outcomes = pusher.push(learner.state_dict(), 1, targets)
         assert [o.status for o in outcomes] == ["ok"] * 3
         assert [o.relayed_by for o in outcomes] == ["", "g0", "g1"]
+        assert [o.path for o in outcomes] == ["data", "relay", "relay"]
         assert all(same(snapshot(g.model), snapshot(learner)) for g in gens)
     finally:
         for g in gens:

@@ -15,10 +15,10 @@ from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, push, sam
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("data_path")]
 
 
-def test_fp32_push_is_bit_exact(generator, learner):
+def test_fp32_push_is_bit_exact(generator, learner, data_path):
     with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
         outcome = push(pusher, learner.state_dict(), 1, generator)
-        assert (outcome.status, outcome.version) == ("ok", 1), outcome.detail
+        assert (outcome.status, outcome.version, outcome.path) == ("ok", 1, data_path), outcome.detail
         assert same(snapshot(generator.model), snapshot(learner))
         assert pusher.get_status(generator.address).version == 1
         assert outcome.bytes == sum(t.numel() * 4 for t in learner.state_dict().values())
