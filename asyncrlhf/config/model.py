@@ -117,7 +117,7 @@ class GeneratorConfig(Section):
     advertise_host: str | None = Field(None, description="Address the learner dials (defaults to grpc_host).")
     data_channel: bool = Field(
         True, description="Offer pushes a TCP data channel beside WeightSync (on grpc_host): tensor bytes "
-        "there, control over gRPC (docs/weights.md). Plaintext, so never offered with run.grpc_tls.")
+        "there, control over gRPC (docs/weights.md); over TLS from run.grpc_tls's files when WeightSync is.")
     data_port: int = Field(
         0, ge=0, description="Data channel port (0: pick a free one); open it to the learner and to relaying "
         "generators as WeightSync's.")

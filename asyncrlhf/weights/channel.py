@@ -17,8 +17,9 @@ copies each chunk into a message, into HTTP/2 frames and back out (`docs/weights
   hash `bad_checksum`, a ticket whose connection never comes `channel_unavailable` (the pusher then streams
   over gRPC): every one a refused push, the old version still serving.
 
-The channel is plaintext: a server with TLS credentials offers none, and a pusher with TLS credentials never
-uses one (its pushes stay on the TLS gRPC stream).
+Beside a TLS WeightSync the channel is TLS too, from the same files (`tls.server_ssl_context`,
+`tls.client_ssl_context`: the generator's certificate, the client CA for mutual TLS): a TLS server refuses a
+plaintext channel, and a TLS pusher uses a data channel only with its `ssl` context.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import itertools
 import logging
 import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -74,8 +76,10 @@ class DataListener:
     """The receiving end: accepts data connections on `host:port` (0: a free port; `port` says which) and
     holds each, by its ticket, until the push that names the ticket claims it."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, claim_timeout_s: float = CLAIM_TIMEOUT_S):
-        self.claim_timeout_s = claim_timeout_s
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, claim_timeout_s: float = CLAIM_TIMEOUT_S,
+                 tls: ssl.SSLContext | None = None):
+        """`tls`: serve the channel over TLS (a server-side context), as WeightSync beside it."""
+        self.claim_timeout_s, self.tls = claim_timeout_s, tls
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -116,6 +120,8 @@ class DataListener:
         ticket = bytearray(TICKET_BYTES)
         try:
             conn.settimeout(self.claim_timeout_s)
+            if self.tls is not None:  # a client that fails the handshake (no certificate...) is closed
+                conn = self.tls.wrap_socket(conn, server_side=True)
             _read_exactly(conn, memoryview(ticket))
             conn.settimeout(IDLE_TIMEOUT_S)
         except (OSError, EOFError):
@@ -236,9 +242,13 @@ class Outgoing:
     """One push's data connection on the sending side: opened with the ticket sent, then `send` streams the
     tensors' bytes and checksums (typically on its own thread while gRPC sends the control messages)."""
 
-    def __init__(self, host: str, port: int, ticket: bytes, timeout_s: float):
+    def __init__(self, host: str, port: int, ticket: bytes, timeout_s: float,
+                 tls: ssl.SSLContext | None = None, server_name: str | None = None):
+        """`tls`: a client-side context (the receiver's certificate must name `server_name`, else `host`)."""
         self.sock = socket.create_connection((host, port), timeout=min(timeout_s, CLAIM_TIMEOUT_S))
         try:
+            if tls is not None:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=server_name or host)
             self.sock.settimeout(timeout_s)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock.sendall(ticket)
@@ -280,13 +290,14 @@ def control_messages(tensors: Sequence[WireTensor], version: int, lineage: int,
 
 
 def push_beside(call: Callable[[Iterator[bytes]], R], host: str, port: int, tensors: Sequence[WireTensor],
-                version: int, lineage: int, commit: bytes, timeout_s: float) -> R:
+                version: int, lineage: int, commit: bytes, timeout_s: float,
+                tls: ssl.SSLContext | None = None, server_name: str | None = None) -> R:
     """One data-channel push: open the connection to `host:port` (OSError if it cannot be), send the tensors'
     bytes over it on a thread of their own while `call` (the gRPC call) sends the control messages and then
     `commit`; return what `call` returns. If `call` raises, the sending stops at once (the receiver has
     stopped reading) and the error is the caller's."""
     ticket = new_ticket()
-    outgoing = Outgoing(host, port, ticket, timeout_s)
+    outgoing = Outgoing(host, port, ticket, timeout_s, tls, server_name)
 
     def send() -> None:
         with contextlib.suppress(OSError):  # the receiver closed the connection: its gRPC status says why

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -136,7 +137,10 @@ class WeightPusher:
                  dtype: str | None = "float32", timeout_s: float = 60.0,
                  credentials: grpc.ChannelCredentials | None = None,
                  channel_options: Sequence[tuple[str, str]] = (), shm: bool = True, relay_fanout: int = 0,
-                 data_channel: bool = True):
+                 data_channel: bool = True, data_tls: ssl.SSLContext | None = None,
+                 data_server_name: str | None = None):
+        """`data_tls` (`tls.client_ssl_context`): the data channel's TLS, needed to use one beside TLS
+        `credentials`; `data_server_name`: the name its certificate must carry (else the host dialed)."""
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         if relay_fanout < 0:
@@ -147,9 +151,11 @@ class WeightPusher:
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self._credentials, self._channel_options = credentials, list(channel_options)
-        # the data channel is plaintext: with TLS credentials, bytes stay on the (TLS) gRPC stream
+        self._data_tls, self._data_server_name = data_tls, data_server_name
+        # beside TLS gRPC only a TLS data channel: without its context, bytes stay on the TLS stream
         self.routes = Routes(functools.partial(self.get_status, timeout_s=min(PROBE_TIMEOUT_S, timeout_s)),
-                             shm_host() if shm else "", data_channel and credentials is None)
+                             shm_host() if shm else "",
+                             data_channel and (credentials is None or data_tls is not None))
         self._segments = SegmentPool()  # rewritten in place, each once no receiver holds it
         self._segment_lock = threading.Lock()
         if self.routes.shm_host:
@@ -159,12 +165,13 @@ class WeightPusher:
     def from_config(cls, cfg) -> WeightPusher:
         """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s /
         relay_fanout."""
-        from asyncrlhf.weights.tls import channel_credentials, channel_options
+        from asyncrlhf.weights.tls import channel_credentials, channel_options, client_ssl_context
 
         tls = cfg.run.grpc_tls
         return cls(cfg.run.token, chunk_bytes=cfg.learner.push_chunk_bytes, dtype=cfg.learner.push_dtype,
                    timeout_s=cfg.learner.push_timeout_s, credentials=channel_credentials(tls),
-                   channel_options=channel_options(tls), relay_fanout=cfg.learner.relay_fanout)
+                   channel_options=channel_options(tls), relay_fanout=cfg.learner.relay_fanout,
+                   data_tls=client_ssl_context(tls), data_server_name=tls.server_name if tls else None)
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
              *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
@@ -294,7 +301,7 @@ class WeightPusher:
         final = commit or commit_message(version, lineage, len(tensors), partial).SerializeToString()
         try:
             reply = push_beside(call, split_address(address), port, tensors, version, lineage, final,
-                                self.timeout_s)
+                                self.timeout_s, self._data_tls, self._data_server_name)
             seconds = time.perf_counter() - start
             return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes, path="data")
         except OSError as err:

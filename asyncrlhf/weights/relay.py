@@ -27,6 +27,7 @@ learner's late-generator sync retries it.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,20 +77,23 @@ class Relay:
 
     def __init__(self, token: str | None = None, *, credentials: grpc.ChannelCredentials | None = None,
                  channel_options: Sequence[tuple[str, str]] = (), chunk_bytes: int = 4 << 20,
-                 timeout_s: float = 60.0):
+                 timeout_s: float = 60.0, data_tls: ssl.SSLContext | None = None,
+                 data_server_name: str | None = None):
         self.pusher = WeightPusher(token, chunk_bytes=chunk_bytes, dtype=None, timeout_s=timeout_s,
-                                   credentials=credentials, channel_options=channel_options, shm=False)
+                                   credentials=credentials, channel_options=channel_options, shm=False,
+                                   data_tls=data_tls, data_server_name=data_server_name)
         self._active = 0  # relays announced (commit seen) and not yet finished
         self._lock = threading.Lock()
 
     @classmethod
     def from_config(cls, cfg) -> Relay:
         """The run's token and TLS client settings, learner.push_chunk_bytes and push_timeout_s."""
-        from asyncrlhf.weights.tls import channel_credentials, channel_options
+        from asyncrlhf.weights.tls import channel_credentials, channel_options, client_ssl_context
 
         tls = cfg.run.grpc_tls
         return cls(cfg.run.token, credentials=channel_credentials(tls), channel_options=channel_options(tls),
-                   chunk_bytes=cfg.learner.push_chunk_bytes, timeout_s=cfg.learner.push_timeout_s)
+                   chunk_bytes=cfg.learner.push_chunk_bytes, timeout_s=cfg.learner.push_timeout_s,
+                   data_tls=client_ssl_context(tls), data_server_name=tls.server_name if tls else None)
 
     @property
     def relaying(self) -> bool:

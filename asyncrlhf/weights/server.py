@@ -175,10 +175,11 @@ def serve(
 ) -> tuple[grpc.Server, int]:
     """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port.
     With `relay` it forwards the versions whose pushes ask for it; with `data` it offers that data channel
-    (`channel.py`; never beside TLS, which it would bypass). The caller closes both."""
-    if data is not None and credentials is not None:
-        raise ValueError("the weight data channel is plaintext: do not offer one beside TLS credentials "
-                         "(set generator.data_channel=false, or serve without run.grpc_tls)")
+    (`channel.py`; beside TLS `credentials` only a TLS one, which it would otherwise bypass). The caller
+    closes both."""
+    if data is not None and credentials is not None and data.tls is None:
+        raise ValueError("a plaintext weight data channel beside TLS credentials would bypass them: give the "
+                         "DataListener the server's ssl context (tls.server_ssl_context)")
     if token is None and not allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")

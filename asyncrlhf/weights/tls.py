@@ -1,4 +1,5 @@
-"""TLS credentials for WeightSync from `run.grpc_tls`: the server's (generators) and the client's (learner).
+"""TLS credentials for WeightSync from `run.grpc_tls`: the server's (generators) and the client's (learner),
+for gRPC and, as `ssl` contexts from the same files, for the data channel beside it (`channel.py`).
 
 A server with `cert_file` + `key_file` serves TLS only; with `client_ca_file` it also requires a client
 certificate signed by that CA (mutual TLS). A client with `ca_file` dials TLS and verifies the server
@@ -8,6 +9,7 @@ a missing or half-configured pair fails at once with what to set.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -63,3 +65,30 @@ def channel_options(tls) -> list[tuple[str, str]]:
     if tls is not None and tls.dials_tls and tls.server_name:
         return [("grpc.ssl_target_name_override", tls.server_name)]
     return []
+
+
+def server_ssl_context(tls) -> ssl.SSLContext | None:
+    """The data channel's TLS on a generator: the same certificate and client CA as its WeightSync server;
+    None when that serves without TLS."""
+    if server_credentials(tls) is None:  # also checks the files
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file:
+        context.load_verify_locations(tls.client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_ssl_context(tls) -> ssl.SSLContext | None:
+    """The data channel's TLS on the learner (and relays): verify the generator against `ca_file`, present the
+    client certificate when set; None when WeightSync is dialed without TLS. The name checked is
+    `server_name` when set, else the host dialed (`channel.Outgoing`)."""
+    if channel_credentials(tls) is None:  # also checks the files
+        return None
+    context = ssl.create_default_context(cafile=tls.ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if tls.client_cert_file:
+        context.load_cert_chain(tls.client_cert_file, tls.client_key_file)
+    return context

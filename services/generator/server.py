@@ -28,7 +28,7 @@ from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
-from asyncrlhf.weights.tls import server_credentials
+from asyncrlhf.weights.tls import server_credentials, server_ssl_context
 from services.generator.metrics import GeneratorMetrics
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -90,9 +90,9 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     receiver = WeightReceiver(swap, version=0, on_lineage=swap.stage_lineage)
     relay = Relay.from_config(cfg)
     credentials = server_credentials(cfg.run.grpc_tls)
-    # tensor bytes beside the gRPC call (plaintext: not beside TLS, which it would bypass)
-    data = DataListener(host, cfg.generator.data_port) if cfg.generator.data_channel and credentials is None \
-        else None
+    # tensor bytes beside the gRPC call, over TLS from the same files when WeightSync is
+    data = DataListener(host, cfg.generator.data_port, tls=server_ssl_context(cfg.run.grpc_tls)) \
+        if cfg.generator.data_channel else None
     try:
         server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
                              allow_insecure_bind=cfg.run.allow_insecure_bind, credentials=credentials,

@@ -5,8 +5,10 @@ client settings."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
+import ssl
 
 import pytest
 import torch
@@ -17,12 +19,13 @@ from cryptography.x509.oid import NameOID
 
 from asyncrlhf.config import load_config
 from asyncrlhf.weights import pusher as pusher_module
-from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.channel import DataListener, Outgoing, new_ticket
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
-from asyncrlhf.weights.tls import TlsConfigError, channel_credentials, server_credentials
+from asyncrlhf.weights.staging import PushRejected
+from asyncrlhf.weights.tls import TlsConfigError, channel_credentials, server_credentials, server_ssl_context
 
 pytestmark = pytest.mark.integration
 
@@ -117,19 +120,34 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_client_ca(pk
         server.stop(0)
 
 
-def test_tls_never_meets_the_plaintext_data_channel(pki):
-    server_cert, server_key = pki["server"]
-    tls = tls_config(cert_file=server_cert, key_file=server_key)
-    receiver = WeightReceiver(ModuleTarget(torch.nn.Linear(4, 3)))
-    listener = DataListener()
+def test_beside_tls_the_data_channel_is_tls_too(pki, monkeypatch):
+    """Mutual TLS: a push takes the data channel over TLS from the same files; a connection without the client
+    certificate, or in plaintext, is never paired with a push; a plaintext channel beside TLS is refused."""
+    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # as across hosts
+    (server_cert, server_key), (client_cert, client_key) = pki["server"], pki["client"]
+    tls = tls_config(cert_file=server_cert, key_file=server_key, client_ca_file=pki["ca"])
+    model = torch.nn.Linear(4, 3)
+    receiver = WeightReceiver(ModuleTarget(model))
+    plaintext = DataListener()
+    with pytest.raises(ValueError, match="bypass"):
+        serve(receiver, credentials=server_credentials(tls), data=plaintext)
+    plaintext.close()
+    data = DataListener(claim_timeout_s=1.0, tls=server_ssl_context(tls))
+    server, port = serve(receiver, "127.0.0.1", 0, credentials=server_credentials(tls), data=data)
     try:
-        with pytest.raises(ValueError, match="plaintext"):
-            serve(receiver, credentials=server_credentials(tls), data=listener)
+        mutual = {"ca_file": pki["ca"], "client_cert_file": client_cert, "client_key_file": client_key}
+        ok = push(mutual, f"127.0.0.1:{port}")
+        assert (ok.status, ok.path) == ("ok", "data") and torch.equal(model.weight, torch.ones(3, 4))
+        no_certificate = ssl.create_default_context(cafile=pki["ca"])
+        for context in (no_certificate, None):
+            ticket = new_ticket()
+            with contextlib.suppress(OSError):  # refused in the handshake, or right after it
+                Outgoing("127.0.0.1", data.port, ticket, 5, tls=context).close()
+            with pytest.raises(PushRejected, match="channel_unavailable"):
+                data.claim(ticket)
     finally:
-        listener.close()
-    cfg = load_config([], [f"run.grpc_tls.ca_file={pki['ca']}"])
-    with WeightPusher.from_config(cfg) as pusher:
-        assert not pusher.routes.data_channel  # a TLS pusher keeps the bytes on the TLS stream
+        server.stop(0)
+        data.close()
 
 
 def test_half_a_tls_config_fails_with_what_to_set(pki):
@@ -143,7 +161,8 @@ def test_half_a_tls_config_fails_with_what_to_set(pki):
 
 def test_relays_dial_with_the_runs_tls_client_settings(pki, monkeypatch):
     """Three generators serving mutual TLS, in a chain (learner.relay_fanout=1): each relays with the
-    certificate and CA of the run's config, as the generator service builds its relay."""
+    certificate and CA of the run's config, as the generator service builds its relay, over the TLS data
+    channels."""
     monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # as across hosts
     (server_cert, server_key), (client_cert, client_key) = pki["server"], pki["client"]
     mutual = {"cert_file": server_cert, "key_file": server_key, "client_ca_file": pki["ca"],
@@ -155,15 +174,18 @@ def test_relays_dial_with_the_runs_tls_client_settings(pki, monkeypatch):
         for _ in range(3):
             model = torch.nn.Linear(4, 3)
             receiver, relay = WeightReceiver(ModuleTarget(model)), Relay.from_config(cfg)
+            data = DataListener(tls=server_ssl_context(cfg.run.grpc_tls))  # as the generator service
             server, port = serve(receiver, "127.0.0.1", 0, "t0k", relay=relay,
-                                 credentials=server_credentials(cfg.run.grpc_tls))
-            running.append((server, relay, receiver, model, f"127.0.0.1:{port}"))
+                                 credentials=server_credentials(cfg.run.grpc_tls), data=data)
+            running.append((server, relay, data, model, f"127.0.0.1:{port}"))
         weights = {"weight": torch.ones(3, 4), "bias": torch.zeros(3)}
         with WeightPusher.from_config(cfg) as pusher:
             outcomes = pusher.push(weights, 1, [PushTarget(f"g{i}", r[4]) for i, r in enumerate(running)])
         assert [(o.status, o.relayed_by) for o in outcomes] == [("ok", ""), ("ok", "g0"), ("ok", "g1")]
+        assert [o.path for o in outcomes] == ["data", "relay", "relay"]  # over TLS data channels
         assert all(torch.equal(model.weight, torch.ones(3, 4)) for *_, model, _ in running)
     finally:
-        for server, relay, *_ in running:
+        for server, relay, data, *_ in running:
             server.stop(0)
             relay.close()
+            data.close()
