@@ -168,37 +168,42 @@ class DataListener:
         self._acceptor.join(5)
 
 
-class Incoming:
-    """One push's data connection on the receiving side: `tensor` reads the next tensor's bytes into a
-    buffer. Obtained through `Session.resolve`; closed when the push ends."""
+class _Connection:
+    """One push's data connection, either end: `abort` wakes a read or send blocked on it (it fails at
+    once), `close` also releases it."""
 
-    def __init__(self, conn: socket.socket):
-        self.conn = conn
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.abort()
+        self.sock.close()
+
+
+class Incoming(_Connection):
+    """The receiving end: `receive_into` reads the next tensor's bytes into a buffer. Obtained through
+    `Session.resolve`; closed when the push ends, aborted when the receiver refuses it (the read in progress
+    fails as truncated and the sender's further bytes are refused)."""
 
     def receive_into(self, view: memoryview, digest: xxhash.xxh3_64, name: str) -> int:
         """Fill `view` from the connection, hashing each block as it lands; return the sender's checksum."""
         try:
             for start in range(0, len(view), BLOCK):
                 block = view[start:start + BLOCK]
-                _read_exactly(self.conn, block)
+                _read_exactly(self.sock, block)
                 digest.update(block)
             trailer = bytearray(CHECKSUM_BYTES)
-            _read_exactly(self.conn, memoryview(trailer))
+            _read_exactly(self.sock, memoryview(trailer))
         except TimeoutError as err:
             raise PushRejected("truncated", f"`{name}`: the data connection was silent for "
                                             f"{IDLE_TIMEOUT_S:g} s mid-tensor") from err
         except (OSError, EOFError) as err:
             raise PushRejected("truncated", f"`{name}`: the data connection broke mid-tensor: {err}") from err
         return int.from_bytes(trailer, "little")
-
-    def abort(self) -> None:
-        """Wake a read in progress (it fails as truncated) and refuse the sender's further bytes."""
-        with contextlib.suppress(OSError):
-            self.conn.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.abort()
-        self.conn.close()
 
 
 class Session:
@@ -238,14 +243,14 @@ class Session:
             self.incoming.close()
 
 
-class Outgoing:
-    """One push's data connection on the sending side: opened with the ticket sent, then `send` streams the
-    tensors' bytes and checksums (typically on its own thread while gRPC sends the control messages)."""
+class Outgoing(_Connection):
+    """The sending end: opened with the ticket sent, then `send` streams the tensors' bytes and checksums
+    (on its own thread while gRPC sends the control messages); aborted when the gRPC call ends first."""
 
     def __init__(self, host: str, port: int, ticket: bytes, timeout_s: float,
                  tls: ssl.SSLContext | None = None, server_name: str | None = None):
         """`tls`: a client-side context (the receiver's certificate must name `server_name`, else `host`)."""
-        self.sock = socket.create_connection((host, port), timeout=min(timeout_s, CLAIM_TIMEOUT_S))
+        super().__init__(socket.create_connection((host, port), timeout=min(timeout_s, CLAIM_TIMEOUT_S)))
         try:
             if tls is not None:
                 self.sock = tls.wrap_socket(self.sock, server_hostname=server_name or host)
@@ -255,7 +260,6 @@ class Outgoing:
         except OSError:
             self.sock.close()
             raise
-        self.sent = 0
 
     def send(self, tensors: Sequence[WireTensor]) -> None:
         """Every tensor's bytes from its own memory, each followed by its checksum: the one it carries (a
@@ -267,18 +271,8 @@ class Outgoing:
                 if t.checksum is None:
                     digest.update(block)
                 self.sock.sendall(block)
-                self.sent += len(block)
             checksum = digest.intdigest() if t.checksum is None else t.checksum
             self.sock.sendall(checksum.to_bytes(CHECKSUM_BYTES, "little"))
-
-    def abort(self) -> None:
-        """Wake a `send` blocked on a receiver that is gone (the gRPC call ended first)."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.abort()
-        self.sock.close()
 
 
 def control_messages(tensors: Sequence[WireTensor], version: int, lineage: int,

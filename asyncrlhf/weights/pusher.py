@@ -261,10 +261,10 @@ class WeightPusher:
         if path.startswith("unreachable:"):  # "unreachable:<the status code GetStatus got>"
             code_name = path.split(":", 1)[1]
             return PushOutcome(target, "unreachable", code_name, "no answer to GetStatus", 0, 0.0, 0)
-        push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
-            f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         if path == "data":
             return self._push_over_channel(tensors, version, target, partial, lineage, commit)
+        push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
+            f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
         if segment is not None and path == "shm":
             requests: Iterator[bytes] = _shm_requests(segment, partial, self.timeout_s)
         elif shared is not None:

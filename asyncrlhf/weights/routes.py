@@ -3,7 +3,6 @@ gRPC byte stream (`Routes.path`), and what a failed route falls back to."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import grpc
@@ -21,7 +20,6 @@ class Routes:
         self._get_status, self.shm_host, self.data_channel = get_status, shm_host, data_channel
         self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
         self._data_ports: dict[str, int] = {}  # address -> its data channel's port (0: none)
-        self._lock = threading.Lock()
 
     def path(self, address: str) -> str:
         """"shm" (it shares this host's shared memory), "data" (it offers a data channel), "stream", or
@@ -33,9 +31,8 @@ class Routes:
                 status = self._get_status(address)
             except grpc.RpcError as err:
                 return f"unreachable:{err.code().name}" if err.code() in UNREACHABLE else "stream"
-            with self._lock:
-                self._local[address] = bool(self.shm_host) and status.shm_host == self.shm_host
-                self._data_ports[address] = status.data_port if self.data_channel else 0
+            self._data_ports[address] = status.data_port if self.data_channel else 0
+            self._local[address] = bool(self.shm_host) and status.shm_host == self.shm_host
         if self._local[address]:
             return "shm"
         return "data" if self._data_ports.get(address) else "stream"
@@ -56,6 +53,5 @@ class Routes:
 
     def forget(self, address: str) -> None:
         """Ask it again at the next push (its data channel could not be reached: did a restart move it?)."""
-        with self._lock:
-            self._local.pop(address, None)
-            self._data_ports.pop(address, None)
+        self._local.pop(address, None)
+        self._data_ports.pop(address, None)
