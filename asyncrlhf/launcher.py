@@ -104,7 +104,7 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
                 env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
             if shares_cores(cfg, kind):
                 env[CORES_ENV] = str(share_dir(cfg.run.path))
-                env.update(shared_core_env(env))
+                env.update(shared_core_env(env, cfg))
             config_args = [a for f in files for a in ("--config", f)]
             server = [f"redis.url={redis_url}"] if redis_url else []
             args = [*config_args, *overrides, *server, f"{kind}.http_port={port}"]

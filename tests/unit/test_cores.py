@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from asyncrlhf.config import load_config
-from asyncrlhf.cores import ENV, OPENMP_WAIT_VARS, CoreShare, service_threads, shares_cores
+from asyncrlhf.cores import ENV, OPENMP_WAIT_VARS, SHORT_SPIN, CoreShare, service_threads, shares_cores
 from asyncrlhf.launcher import plan
 
 pytestmark = pytest.mark.unit
@@ -89,6 +89,7 @@ def test_up_shares_the_cores_of_the_hf_generator_and_the_learner_only(tmp_path):
     assert ENV not in env_of["reward-0"]
     # members wait passively (a spinning OpenMP pool burns the core the other member needs); others unchanged
     assert env_of["learner"]["OMP_WAIT_POLICY"] == env_of["generator-0"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "GOMP_SPINCOUNT" not in env_of["learner"]
     assert env_of["reward-0"].get("OMP_WAIT_POLICY") == os.environ.get("OMP_WAIT_POLICY")
     fixed = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "generator.threads=1"])
     assert not shares_cores(fixed, "generator") and service_threads(fixed, "generator") == 1  # the user's
@@ -127,3 +128,15 @@ def test_a_users_own_openmp_waiting_is_kept(tmp_path, monkeypatch, chosen):
     env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
     learner = env_of["learner"]
     assert {v: learner.get(v) for v in OPENMP_WAIT_VARS} == {v: chosen.get(v) for v in OPENMP_WAIT_VARS}
+
+
+def test_members_that_never_compute_at_once_spin_briefly_instead(tmp_path, monkeypatch):
+    """`max_staleness: 0`: generation and training alternate, so a pool spins a little between the small
+    parallel regions of a decoding step (else a wake-up per region), never burning a busy member's core."""
+    for var in OPENMP_WAIT_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cfg = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "learner.max_staleness=0"])
+    env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
+    for member in ("learner", "generator-0"):
+        assert env_of[member]["GOMP_SPINCOUNT"] == SHORT_SPIN and "OMP_WAIT_POLICY" not in env_of[member]
+    assert "GOMP_SPINCOUNT" not in env_of["reward-0"]
