@@ -11,11 +11,13 @@ phase is working within one token or one micro-batch.
 The state is one file per busy member in a directory the launcher gives every service (`ASYNCRLHF_CORES`):
 the member's name, holding its pid. A member that died busy (SIGKILL) is not counted: its pid is gone.
 
-Members also wait passively (`shared_core_env`: OpenMP's idle workers sleep instead of spinning): a member's
-threads re-size only between tokens or micro-batches, so for a while both may run on every core, and a pool
-spinning between parallel regions then burns the core the other member needs. Measured on 2 cores
-(`asyncrlhf bench pipeline --config configs/demo.yaml --steps 8 --runs async1`): 12.34 s/step with spinning
-pools, 8.99 passive.
+Where generation and training overlap, members also wait passively (`shared_core_env`: OpenMP's idle workers
+sleep instead of spinning): a member's threads re-size only between tokens or micro-batches, so for a while
+both may run on every core, and a pool spinning between parallel regions then burns the core the other member
+needs. Measured on 2 cores (`asyncrlhf bench pipeline --config configs/demo.yaml --steps 8 --runs async1`):
+12.34 s/step with spinning pools, 8.99 passive. Where they alternate (`max_staleness: 0`) a member computes
+alone, and passive waiting only costs a wake-up per parallel region (decoding has many small ones: generation
+with two threads 10.2 s a batch passive against 7.2-7.8 spinning), so there the workers spin briefly.
 """
 
 from __future__ import annotations
