@@ -141,12 +141,8 @@ def shares_cores(cfg: Config, kind: str) -> bool:
 
 def shared_core_env(environ: Mapping[str, str], cfg: Config) -> dict[str, str]:
     """What the launcher adds to the environment `environ` of a member, unless the user chose OpenMP's wait
-    policy or spin count already: where generation and training overlap (`learner.max_staleness` > 0),
-    passive waiting (a pool spinning between parallel regions burns the core the other member needs);
-    where they alternate (`max_staleness: 0`, one member computes at a time), a short spin, so that a pool's
-    workers stay awake between the many small parallel regions of a decoding step instead of paying a
-    wake-up per region (measured on 2 cores: sync 19.03 s/step passive, 14.66 with the short spin; async1
-    10.88 passive, 12.84 with it: `asyncrlhf bench pipeline`, README)."""
+    policy or spin count already: passive waiting where generation and training overlap
+    (`learner.max_staleness` > 0), a short spin where they alternate (the module's docstring says why)."""
     if any(v in environ for v in OPENMP_WAIT_VARS):
         return {}
     if cfg.learner.max_staleness == 0:
