@@ -1,6 +1,6 @@
 """`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--runs inprocess,sync,async1,async2]
-[--backend hf --backend vllm] [--json] [overrides]`: the services, synchronous and asynchronous, beside one
-process doing the same work.
+[--backend hf --backend vllm] [--json] [--out DIR] [--overwrite] [overrides]`: the services, synchronous and
+asynchronous, beside one process doing the same work.
 
 Runs the same number of learner steps as: `inprocess` (the library's sampling, reward and training in one
 process on every core, no services: `asyncrlhf.bench.inprocess`), `sync` (`max_staleness` 0 through
@@ -11,13 +11,15 @@ wall-clock per step (between the first and last step, so start-up is excluded), 
 (generation, scoring, training, publish = gather + push, apply, learner waiting, generator idle: seconds per
 step, from each service's own metrics), final gold reward; the speed of each service run against
 `inprocess`, and the async run's overlap limit max(generation, training). Dotted overrides apply to every
-run. Writes `gold_vs_wallclock.png` and `result.json` in the bench dir.
+run. Writes `gold_vs_wallclock.png` and `result.json` in the bench dir (`--out`); a run directory an earlier
+bench left there is refused (the launcher would resume it) unless `--overwrite` replaces it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +44,23 @@ def run_overrides(overrides: list[str], name: str, staleness: int, steps: int, r
             f"run.name=bench-{name}", f"run.dir={root / name}", "launch.evaluator=false",
             f"learner.checkpoint_every={max(1, steps // 2)}", "learner.keep_checkpoints=10",
             "redis.persist=false"]
+
+
+def fresh_run_dirs(root: Path, run_names: Sequence[str], overwrite: bool) -> None:
+    """Make sure no run of this bench starts in a directory an earlier bench left: a service run there would
+    resume from its checkpoints, train nothing, and report the earlier run's figures as its own. With
+    `overwrite`, those directories are removed; without it, nothing is touched and the error says what to
+    do."""
+    earlier = [root / name for name in run_names if (root / name).exists()]
+    if not earlier:
+        return
+    if not overwrite:
+        listed = ", ".join(str(d) for d in earlier)
+        raise ValueError(f"{listed}: an earlier bench's runs are there (a service run would resume from "
+                         "their checkpoints and time nothing); pass --overwrite to replace them, or --out "
+                         "DIR to keep them")
+    for directory in earlier:
+        shutil.rmtree(directory)
 
 
 def run_one(files: list[str], overrides: list[str], name: str, steps: int, root: Path) -> dict:
@@ -165,6 +184,8 @@ def main(argv: Sequence[str]) -> int:
                         help="generator backend of every run (repeat: --backend hf --backend vllm)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default="runs/bench-pipeline")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the runs an earlier bench left in --out (they would be resumed)")
     args, rest = parser.parse_known_args(argv)
     files, overrides = split_config_args([a for f in args.config for a in ("--config", f)] + rest)
     names_ = [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -173,9 +194,13 @@ def main(argv: Sequence[str]) -> int:
         parser.error(f"--runs: unknown run(s) {unknown}; choose from {', '.join(RUNS)}")
     root = Path(args.out)
     backends = args.backend or [None]
-    runs = [run_one(files, [*overrides, *([f"generator.backend={b}"] if b else [])],
-                    n if len(backends) == 1 else f"{n}-{b}", args.steps, root)
-            for b in backends for n in names_]
+    plan = [(b, n if len(backends) == 1 else f"{n}-{b}") for b in backends for n in names_]
+    try:
+        fresh_run_dirs(root, [name for _, name in plan], args.overwrite)
+    except ValueError as err:
+        parser.error(str(err))
+    runs = [run_one(files, [*overrides, *([f"generator.backend={b}"] if b else [])], name, args.steps, root)
+            for b, name in plan]
     evaluate(runs)
     plot(runs, root / "gold_vs_wallclock.png")
     result = summarise(runs, args.steps, root)

@@ -74,3 +74,30 @@ def test_summary_compares_each_backend_with_its_own_baseline(tmp_path):
     assert result["vs_inprocess"] == {"async1-hf": 0.8, "async1-vllm": 0.9}
     assert result["overlap_limit_s_per_step"] == {"async1-hf": 2.0, "async1-vllm": 3.0}
     assert result["inprocess_s_per_step"] == 10.0 and result["async1_s_per_step"] == 8.0  # the first backend
+
+
+def test_an_earlier_benchs_run_is_refused_and_kept(tmp_path, capsys):
+    """A run directory left by an earlier bench would be resumed (nothing trained, its figures reported as
+    new): the bench refuses it, says what to do, and touches nothing."""
+    from asyncrlhf.bench.pipeline import main
+
+    earlier = tmp_path / "sync" / "checkpoints" / "step-000003"
+    earlier.mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--config", "configs/tiny.yaml", "--runs", "inprocess,sync", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "sync") in err and "--overwrite" in err and "--out" in err
+    assert earlier.is_dir()
+    assert not (tmp_path / "inprocess").exists()  # refused before any run started
+
+
+def test_overwrite_replaces_only_this_benchs_runs(tmp_path):
+    from asyncrlhf.bench.pipeline import fresh_run_dirs
+
+    for name in ("sync-hf", "async1-hf", "keep"):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+    (tmp_path / "result.json").write_text("{}")
+    fresh_run_dirs(tmp_path, ["inprocess-hf", "sync-hf", "async1-hf"], overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "result.json"]
+    fresh_run_dirs(tmp_path, ["sync-hf"], overwrite=False)  # nothing left there: nothing to refuse
