@@ -49,10 +49,13 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Style and types, as configured in pyproject.toml; CI (.ci/run) runs it before the tests.
+# Style and types, as configured in pyproject.toml, and no import cycle between the files of asyncrlhf/ and
+# services/ (TYPE_CHECKING and in-function imports count: tools/import_cycles.py); CI (.ci/run) runs it
+# before the tests.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check asyncrlhf services tests
-	$(VENV)/bin/mypy asyncrlhf services
+	$(VENV)/bin/ruff check asyncrlhf services tests tools
+	$(VENV)/bin/mypy asyncrlhf services tools
+	$(PY) tools/import_cycles.py asyncrlhf services --exclude asyncrlhf/_proto
 
 proto: $(STAMP)
 	$(PY) -m asyncrlhf.protogen

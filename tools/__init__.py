@@ -1,0 +1,1 @@
+"""Checks run by `make lint` beside ruff and mypy; not part of the installed package."""
