@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -197,22 +198,31 @@ def push_state(cfg: Config, backend: Backend) -> dict[str, torch.Tensor]:
     return adapter_tensors(state) if is_lora(policy) else dict(state)
 
 
-def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_count: int,
-            repeats: int, api_requests: int = 0) -> dict:
+@dataclass(frozen=True)
+class Workload:
+    """What one bench run generates: `prompts` groups per phase, `repeats` passes over them, after
+    `api_requests` chat completions sent at once to the service's API (0: none)."""
+
+    prompts: int
+    repeats: int
+    api_requests: int = 0
+
+
+def measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], work: Workload) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     backend = create_backend(cfg, tokenizer)
     try:
-        return _measure(cfg, files, overrides, prompt_count, repeats, tokenizer, backend, api_requests)
+        return _measure(cfg, files, overrides, work, tokenizer, backend)
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
             close()
 
 
-def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt_count: int, repeats: int,
-             tokenizer, backend: Backend, api_requests: int) -> dict:
+def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], work: Workload, tokenizer,
+             backend: Backend) -> dict:
     threads = torch.get_num_threads()  # the bare side's, once generator.threads is applied
-    prompts = encode_prompts(tokenizer, synthetic_prompts(prompt_count), cfg.model)
+    prompts = encode_prompts(tokenizer, synthetic_prompts(work.prompts), cfg.model)
     with redis_url(cfg.redis.model_copy(update={"persist": False})) as url, contextlib.ExitStack() as stack:
         run = cfg.run.model_copy(update={"name": f"bench-{uuid.uuid4().hex[:8]}"})
         cfg = cfg.model_copy(update={"redis": cfg.redis.model_copy(update={"url": url}), "run": run})
@@ -227,19 +237,19 @@ def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], prompt
         if outcome.status != "ok":
             raise RuntimeError(f"could not push weights to the service: {outcome}")
         paired_run(streams, service, backend, prompts[: 2 * cfg.generator.batch_prompts], cfg)  # warm-up
-        if api_requests:
-            api_traffic(service, cfg, api_requests)
-        rounds = [paired_run(streams, service, backend, prompts, cfg) for _ in range(repeats)]
+        if work.api_requests:
+            api_traffic(service, cfg, work.api_requests)
+        rounds = [paired_run(streams, service, backend, prompts, cfg) for _ in range(work.repeats)]
         ttft = first_token_s(backend, prompts, cfg)
     bare = sum(r["bare_tokens"] for r in rounds) / sum(r["bare_s"] for r in rounds)
     served = sum(r["service_tokens"] for r in rounds) / sum(r["service_s"] for r in rounds)
     g = cfg.generator
     device = str(getattr(backend, "device", "")) or g.device
     return {"backend": g.backend, "model": cfg.model.name_or_path, "device": device, "threads": threads,
-            "prompts": prompt_count, "k": g.samples_per_prompt, "batch_prompts": g.batch_prompts,
-            "max_new_tokens": g.sampling.max_new_tokens, "repeats": repeats,
+            "prompts": work.prompts, "k": g.samples_per_prompt, "batch_prompts": g.batch_prompts,
+            "max_new_tokens": g.sampling.max_new_tokens, "repeats": work.repeats,
             "bare_tokens_per_s": bare, "service_tokens_per_s": served, "ratio": served / bare,
-            "bare_first_token_s": ttft, "api_requests": api_requests,
+            "bare_first_token_s": ttft, "api_requests": work.api_requests,
             "target_ratio": TARGET_RATIO, "rounds": rounds}
 
 
@@ -249,11 +259,10 @@ def _delete_run_keys(client, run: str) -> None:
         client.delete(*keys)
 
 
-def _measure_in_child(files: Sequence[str], overrides: Sequence[str], prompts: int, repeats: int,
-                      api_requests: int) -> dict:
+def _measure_in_child(files: Sequence[str], overrides: Sequence[str], work: Workload) -> dict:
     argv = [sys.executable, "-m", "asyncrlhf.cli", "bench", "generator",
-            *(a for f in files for a in ("--config", f)), "--prompts", str(prompts),
-            "--repeats", str(repeats), "--api-requests", str(api_requests), "--json", *overrides]
+            *(a for f in files for a in ("--config", f)), "--prompts", str(work.prompts),
+            "--repeats", str(work.repeats), "--api-requests", str(work.api_requests), "--json", *overrides]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the bench of `{' '.join(overrides)}` failed ({done.returncode}):\n"
@@ -284,10 +293,11 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as err:
         print(f"asyncrlhf bench generator: {err}", file=sys.stderr)
         return 2
+    work = Workload(args.prompts, args.repeats, args.api_requests)
     if len(runs) == 1:
-        results = [measure(configs[0], files, runs[0], args.prompts, args.repeats, args.api_requests)]
+        results = [measure(configs[0], files, runs[0], work)]
     else:  # each backend in its own process: one engine's threads, affinity and memory never skew another's
-        results = [_measure_in_child(files, o, args.prompts, args.repeats, args.api_requests) for o in runs]
+        results = [_measure_in_child(files, o, work) for o in runs]
     if args.json:
         print(json.dumps(results if args.backend else results[0]))
         return 0

@@ -19,7 +19,7 @@ import redis
 
 from asyncrlhf.config import Config, RedisConfig
 from asyncrlhf.streams.connection import ReplicaWait, connect
-from asyncrlhf.streams.consumer import Consumer, Delivery, Producer
+from asyncrlhf.streams.consumer import Consumer, ConsumerKeys, Delivery, Producer
 from asyncrlhf.streams.credits import PromptCredits
 from asyncrlhf.streams.dead_letter import DeadLetter, read_dead_letters
 from asyncrlhf.streams.names import (
@@ -79,10 +79,8 @@ class RunStreams:
         return Producer(self.client, self.key(spec.name), spec, self.cfg.stream_maxlen)
 
     def consumer(self, spec: StreamSpec[M], group: str, consumer: str) -> Consumer[M]:
-        return Consumer(
-            self.client, self.key(spec.name), spec, group, consumer,
-            dead_letter_key=self.key(DEAD_LETTER), seen_key=self.seen_key(spec, group), cfg=self.cfg,
-        )
+        keys = ConsumerKeys(self.key(spec.name), self.key(DEAD_LETTER), self.seen_key(spec, group))
+        return Consumer(self.client, keys, spec, group, consumer, self.cfg)
 
     def credits(self, limit: int) -> PromptCredits:
         return PromptCredits(self.client, self.key(CREDITS), limit)

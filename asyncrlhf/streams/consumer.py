@@ -25,12 +25,22 @@ from google.protobuf.message import DecodeError, Message
 from redis.typing import EncodableT, FieldT
 
 from asyncrlhf.config import RedisConfig
-from asyncrlhf.streams.dead_letter import dead_letter_fields
+from asyncrlhf.streams.dead_letter import Origin, dead_letter_fields
 from asyncrlhf.streams.names import ID_FIELD, PAYLOAD_FIELD, M, StreamSpec
 
 log = logging.getLogger(__name__)
 
 SEEN_TTL_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class ConsumerKeys:
+    """The Redis keys one consumer works on: its stream, the run's dead-letter stream, and the sorted set of
+    identities its group has acked (the seen-set), all built by `RunStreams`."""
+
+    stream: str
+    dead_letter: str
+    seen: str
 
 
 @dataclass
@@ -104,21 +114,11 @@ def _output_args(to: Producer, outputs: Sequence[Message | None]) -> list:
 class Consumer(Generic[M]):
     """One named consumer in a consumer group of one stream. See the module docstring for the guarantees."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        key: str,
-        spec: StreamSpec[M],
-        group: str,
-        consumer: str,
-        *,
-        dead_letter_key: str,
-        seen_key: str,
-        cfg: RedisConfig | None = None,
-        seen_ttl_s: float = SEEN_TTL_S,
-    ):
-        self.client, self.key, self.spec, self.group, self.name = client, key, spec, group, consumer
-        self.dead_letter_key, self.seen_key, self.seen_ttl_s = dead_letter_key, seen_key, seen_ttl_s
+    def __init__(self, client: redis.Redis, keys: ConsumerKeys, spec: StreamSpec[M], group: str,
+                 consumer: str, cfg: RedisConfig | None = None):
+        self.client, self.key, self.spec, self.group, self.name = client, keys.stream, spec, group, consumer
+        self.dead_letter_key, self.seen_key = keys.dead_letter, keys.seen
+        self._origin = Origin(spec.name, group, consumer)
         cfg = cfg or RedisConfig()
         self.claim_idle_ms, self.max_deliveries = cfg.claim_idle_ms, cfg.max_deliveries
         self.block_ms, self.maxlen = cfg.block_ms, cfg.stream_maxlen
@@ -278,7 +278,7 @@ class Consumer(Generic[M]):
     def _dead_letter(self, eid: bytes, ident: str, payload: bytes, reason: str, times: int) -> None:
         log.warning("dead-lettering %s entry %s (%s): %s", self.spec.name, eid.decode(), ident, reason)
         pipe = self.client.pipeline(transaction=True)
-        fields = dead_letter_fields(self.spec.name, self.group, self.name, eid, ident, reason, times, payload)
+        fields = dead_letter_fields(self._origin, eid, ident, reason, times, payload)
         pipe.xadd(self.dead_letter_key, fields, maxlen=self.maxlen, approximate=True)
         self._ack_raw([eid], pipe)
         pipe.execute()
@@ -298,7 +298,7 @@ class Consumer(Generic[M]):
         now = time.monotonic()
         if now >= self._next_prune:
             self._next_prune = now + 60
-            self.client.zremrangebyscore(self.seen_key, "-inf", time.time() - self.seen_ttl_s)
+            self.client.zremrangebyscore(self.seen_key, "-inf", time.time() - SEEN_TTL_S)
 
 
 def hold(consumer: Consumer, deliveries: Sequence[Delivery]) -> None:

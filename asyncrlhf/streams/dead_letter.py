@@ -25,12 +25,23 @@ class DeadLetter:
     at: float
 
 
-def dead_letter_fields(stream: str, group: str, consumer: str, source_entry_id: bytes, identity: str,
-                       reason: str, deliveries: int, payload: bytes) -> dict:
+@dataclass(frozen=True)
+class Origin:
+    """Who gave up on an entry: the stream it was read from (the spec's name), the consumer group and the
+    consumer."""
+
+    stream: str
+    group: str
+    consumer: str
+
+
+def dead_letter_fields(origin: Origin, source_entry_id: bytes, identity: str, reason: str, deliveries: int,
+                       payload: bytes) -> dict:
     """The fields of one dead-letter entry, stamped now."""
     return {
-        "stream": stream, "group": group, "consumer": consumer, "entry_id": source_entry_id, "id": identity,
-        "reason": reason, "deliveries": deliveries, "payload": payload, "at": time.time(),
+        "stream": origin.stream, "group": origin.group, "consumer": origin.consumer,
+        "entry_id": source_entry_id, "id": identity, "reason": reason, "deliveries": deliveries,
+        "payload": payload, "at": time.time(),
     }
 
 

@@ -48,10 +48,6 @@ class UserDeepSpeed:
     learner: Any  # LearnerConfig with the JSON's values folded in
     overrides: list[str] = field(default_factory=list)  # "JSON key=value wins over learner.key=value"
 
-    @property
-    def has_scheduler(self) -> bool:
-        return "scheduler" in self.config
-
 
 def read_json(path_text: str) -> dict[str, Any]:
     path = Path(path_text)
