@@ -14,10 +14,9 @@ the member's name, holding its pid. A member that died busy (SIGKILL) is not cou
 Where generation and training overlap, members also wait passively (`shared_core_env`: OpenMP's idle workers
 sleep instead of spinning): a member's threads re-size only between tokens or micro-batches, so for a while
 both may run on every core, and a pool spinning between parallel regions then burns the core the other member
-needs. Measured on 2 cores (`asyncrlhf bench pipeline --config configs/demo.yaml --steps 8 --runs async1`):
-12.34 s/step with spinning pools, 8.99 passive. Where they alternate (`max_staleness: 0`) a member computes
-alone, and passive waiting only costs a wake-up per parallel region (decoding has many small ones: generation
-with two threads 10.2 s a batch passive against 7.2-7.8 spinning), so there the workers spin briefly.
+needs. Where they alternate (`max_staleness: 0`) a member computes alone, and passive waiting only costs a
+wake-up per parallel region, of which decoding has many small ones, so there the workers spin briefly. The
+figures behind each choice: docs/benchmarks.md, `bench pipeline`.
 """
 
 from __future__ import annotations
@@ -46,9 +45,10 @@ def on_fresh_thread(fn: Callable[[], T]) -> T:
     (libgomp) gives every thread that runs a parallel region a worker pool of its own, kept while that thread
     lives, and once the process holds more pool threads than it has cores, every pool's workers stop spinning
     between parallel regions and sleep on a futex instead. The generator's decoding (many small parallel
-    regions) then pays a wake-up per region: measured on 2 cores, the service generated at 0.70-0.80x the
-    bare backend after its first push from a gRPC thread. A thread that exits frees its pool. (Where services
-    share cores, the launcher makes every pool wait passively anyway: `shared_core_env`.)"""
+    regions) then pays a wake-up per region, and the service generated well below the bare backend after
+    its first push from a gRPC thread (docs/benchmarks.md, `bench generator`). A thread that exits frees its
+    pool. (Where services share cores, the launcher makes every pool wait passively anyway:
+    `shared_core_env`.)"""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-oneshot") as pool:
         return pool.submit(fn).result()  # leaving the block joins the thread
 

@@ -85,7 +85,8 @@ class VLLMConfig(Section):
         None, description="LoRA runs: fold each pushed adapter into the base weights (from a pristine copy "
         "the generator keeps in host memory) and reload them, so sampling runs the plain model, as the HF "
         "backend does; false: serve the adapter with vLLM's LoRA kernels. None: true on CPU (vLLM's CPU "
-        "LoRA kernels halve its tokens/s), false on GPU (keeps host memory free; pushes stay adapters).")
+        "LoRA kernels are slow: docs/benchmarks.md), false on GPU (keeps host memory free; pushes stay "
+        "adapters).")
     cpu_threads_bind: str = Field(
         "nobind", description="CPU: vLLM's VLLM_CPU_OMP_THREADS_BIND. `nobind` (default): the worker runs "
         "`generator.threads` threads (0: every core) where the OS schedules them. vLLM's own `auto` pins the "
@@ -94,8 +95,8 @@ class VLLMConfig(Section):
     engine_in_process: bool | None = Field(
         None, description="Run vLLM's engine core in the generator's own process (VLLM_ENABLE_V1_"
         "MULTIPROCESSING=0) instead of a process of its own. None: true on CPU (the separate engine process "
-        "busy-polls a core: on 2 cores vLLM ran at 121 tok/s with it and 253 without, SmolLM2-135M), "
-        "false on GPU (the separate process overlaps scheduling with the GPU's work).")
+        "busy-polls a core, which a small host needs for the model: docs/benchmarks.md), false on GPU (the "
+        "separate process overlaps scheduling with the GPU's work).")
 
 
 class GeneratorConfig(Section):

@@ -122,9 +122,9 @@ def vllm_cannot_serve(cfg: Config) -> str | None:
 def auto_backend(cfg: Config) -> tuple[str, str]:
     """(backend, why) for `generator.backend: auto`: vLLM on a GPU where it is installed (found without
     importing it: that takes seconds) and can serve the run; HF otherwise. On CPU HF is chosen even where
-    vLLM's CPU build is installed: it generates 2.3x HF's tokens/s on the demo's batches, but the demo is
-    bound by training on 2 cores (max_staleness 1 overlaps the two), and ran in the same wall clock with
-    either (5 min 56 s and 5 min 57 s for 30 steps), while vLLM starts 16 s later (README, Benchmarks)."""
+    vLLM's CPU build is installed: it generates faster, but a small CPU host is bound by training
+    (max_staleness 1 overlaps the two), so the demo runs in the same wall clock with either, and vLLM's
+    engine starts later (the figures: docs/benchmarks.md, `bench generator`)."""
     if not _on_gpu(cfg.generator.device):
         return "hf", ("auto: on CPU the HF backend (vLLM's CPU build generates faster, but the demo is "
                       "bound by training here: no faster end to end)")

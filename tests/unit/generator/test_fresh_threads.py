@@ -1,8 +1,7 @@
 """Torch work from a long-lived thread (a gRPC handler applying a push, a web server worker sampling for the
-API) must not leave an OpenMP worker pool behind: with more pool threads than cores, libgomp stops spinning
-between parallel regions, and the generator's decoding ran at 0.70-0.80x the bare backend (`asyncrlhf bench
-generator`). `WeightSwap` applies, and `ApiSampler` samples, on a thread that exits. Each case runs in a fresh
-interpreter, so no earlier test's OpenMP state counts."""
+API) must not leave an OpenMP worker pool behind (why: `asyncrlhf.cores.on_fresh_thread`). `WeightSwap`
+applies, and `ApiSampler` samples, on a thread that exits. Each case runs in a fresh interpreter, so no
+earlier test's OpenMP state counts."""
 
 import json
 import subprocess
