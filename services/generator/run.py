@@ -64,7 +64,7 @@ class GeneratorService:
         check_bind(self.cfg.generator.http_host, self.cfg, "the generator's HTTP server")
         self.weight_sync = start_weight_sync(self.cfg, self.swap)
         self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address,
-                                         self.backend, lambda: self.swap.lineage)
+                                         lambda: self.swap.served)
         app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id,
                             self.ready)
         self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()

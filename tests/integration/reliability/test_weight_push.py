@@ -14,8 +14,9 @@ import redis
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy
-from asyncrlhf.weights.codec import encoded_chunks, prepare
-from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS
+from asyncrlhf.weights.codec import Snapshot, encoded_chunks, prepare
 from tests.integration.generator.helpers import START_TIMEOUT_S, GeneratorProcess, members, wait_for
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,8 @@ class Target:
 
     def messages(self, version: int, tensors=None) -> list[pb.WeightChunk]:
         return [
-            pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors or self.tensors, version, CHUNK)
+            pb.WeightChunk.FromString(raw)
+            for raw in encoded_chunks(Snapshot(PolicyVersion(0, version), tensors or self.tensors), CHUNK)
         ]
 
     def push(self, messages, token: str | None = TOKEN):
