@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 TICKET_BYTES = 16
 CHECKSUM_BYTES = 8
-BLOCK = 1 << 20  # sent or received, then hashed while in cache (1 MiB: fastest of 256 KiB..4 MiB here)
+BLOCK = 1 << 20  # sent or received, then hashed while in cache (the size: docs/weights.md)
 CLAIM_TIMEOUT_S = 10.0  # a ticket's connection, or a connection's ticket, must come within this
 PARKED_S = 120.0  # a connection with its ticket waits this long for its push (behind one in progress)
 IDLE_TIMEOUT_S = 30.0  # a receiver gives up on a connection silent this long mid-push
