@@ -20,6 +20,7 @@ from asyncrlhf.weights.target import ModuleTarget
 from asyncrlhf.weights.vocabulary import Route
 
 TOKEN = "s3cret"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)  # the call metadata of a hand-written push
 CHUNK = 8 << 10  # small, so every tensor of the tiny model spans several chunks
 # The routes a pusher may use to reach a generator on the route named, as across hosts where it is not shm.
 ONLY = {Route.STREAM: (Route.STREAM,), Route.DATA: (Route.DATA, Route.STREAM),

@@ -17,23 +17,19 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights import shm, shm_read
 from asyncrlhf.weights.codec import Snapshot, prepare
 from asyncrlhf.weights.pusher import PushTarget
 from asyncrlhf.weights.vocabulary import Reason, Route, refusal_reason
-from tests.integration.weights.helpers import (
-    TOKEN,
-    Generator,
-    push,
-    pusher,
-    same,
-    snapshot,
-    tiny_model,
-    version,
-)
+from tests.integration.weights.helpers import AUTH, Generator, push, pusher, same, snapshot, tiny_model
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not shm.shm_host(), reason="no writable /dev/shm on this machine")]
+
+
+def at(step: int) -> PolicyVersion:
+    return PolicyVersion(0, step)
 
 
 def segments() -> set[str]:
@@ -93,7 +89,7 @@ def test_local_pushes_are_adopted_in_place_and_versions_alternate_between_two_se
                 for t in learner.parameters():
                     t.add_(1.0)
             outcome = push(by, learner.state_dict(), step, generator)
-            assert (outcome.status, outcome.version, outcome.route) == ("ok", version(step), Route.SHM)
+            assert (outcome.status, outcome.version, outcome.route) == ("ok", at(step), Route.SHM)
             assert same(snapshot(generator.model), snapshot(learner))
             # the live weight is the segment's bytes, not a copy of them
             assert backing_file(weight()) == str(shm.SHM_DIR / counting[-1])
@@ -116,22 +112,22 @@ def test_a_segment_a_generator_still_serves_from_is_never_rewritten(learner, cou
         with pusher() as by:
             only_a = [PushTarget("a", a.address)]
             both = [*only_a, PushTarget("b", b.address)]
-            assert [o.status for o in by.push(learner.state_dict(), version(1), both)] == ["ok", "ok"]
+            assert [o.status for o in by.push(learner.state_dict(), at(1), both)] == ["ok", "ok"]
             served_by_b = snapshot(learner)
             for step in (2, 3):
                 with torch.no_grad():
                     for t in learner.parameters():
                         t.mul_(0.5)
-                assert [o.status for o in by.push(learner.state_dict(), version(step), only_a)] == ["ok"]
+                assert [o.status for o in by.push(learner.state_dict(), at(step), only_a)] == ["ok"]
                 assert same(snapshot(a.model), snapshot(learner))
                 assert same(snapshot(b.model), served_by_b)
             assert len(set(counting)) == 3
-            assert [o.status for o in by.push(learner.state_dict(), version(4), both)] == ["ok", "ok"]
+            assert [o.status for o in by.push(learner.state_dict(), at(4), both)] == ["ok", "ok"]
             assert same(snapshot(b.model), snapshot(learner))
             assert len(own_segments() - before) == 3  # one per receiver, and one to write the next into
             for step in (5, 6, 7, 8):  # b skips every other version: no segment is made anew for it
                 some = both[:2 - step % 2]
-                outcomes = by.push(learner.state_dict(), version(step), some)
+                outcomes = by.push(learner.state_dict(), at(step), some)
                 assert [o.status for o in outcomes] == ["ok"] * len(some)
             assert len(set(counting)) == 3 and len(own_segments() - before) == 3
     finally:
@@ -154,7 +150,7 @@ def test_a_killed_generator_holds_nothing(learner, counting):
         assert parent.poll(120), "the generator process did not start"
         address = parent.recv()
         with pusher() as by:
-            (outcome,) = by.push(learner.state_dict(), version(1), [PushTarget("g", address)])
+            (outcome,) = by.push(learner.state_dict(), at(1), [PushTarget("g", address)])
             assert outcome.status == "ok", outcome.detail
             assert not writable_elsewhere(counting[-1])
             os.kill(proc.pid, signal.SIGKILL)
@@ -228,7 +224,7 @@ def test_two_local_generators_map_the_same_segment(learner, counting):
     try:
         with pusher() as by:
             targets = [PushTarget(f"g{i}", g.address) for i, g in enumerate(gens)]
-            assert [o.status for o in by.push(learner.state_dict(), version(1), targets)] == ["ok", "ok"]
+            assert [o.status for o in by.push(learner.state_dict(), at(1), targets)] == ["ok", "ok"]
         assert all(same(snapshot(g.model), snapshot(learner)) for g in gens)
         assert len(counting) == 1
     finally:
@@ -249,7 +245,7 @@ def test_rejected_local_push_keeps_the_old_version_and_leaves_no_segment(generat
 
 def _control_stream(learner, step: int, tamper=None):
     """A hand-made same-host push: a publication and its control messages (optionally tampered with)."""
-    push = Snapshot(version(step), prepare(learner.state_dict()))
+    push = Snapshot(at(step), prepare(learner.state_dict()))
     publication = shm.ShmPublication(push, shm.ShmSegment(shm.layout(push.tensors)[1]))
     messages = [publication.control(i, 10) for i in range(len(push.tensors))]
     if tamper is not None:
@@ -261,7 +257,7 @@ def _control_stream(learner, step: int, tamper=None):
 def _refusal(generator, messages) -> grpc.RpcError:
     stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address))
     with pytest.raises(grpc.RpcError) as err:
-        stub.PushWeights(iter(messages), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
+        stub.PushWeights(iter(messages), metadata=AUTH, timeout=30)
     return err.value
 
 
@@ -305,7 +301,7 @@ def test_a_receiver_that_cannot_see_the_segment_gets_the_bytes_over_the_network(
 
 
 def _publish_and_hang(conn) -> None:
-    push = Snapshot(version(7), prepare(tiny_model(seed=0).state_dict()))
+    push = Snapshot(at(7), prepare(tiny_model(seed=0).state_dict()))
     publication = shm.ShmPublication(push, shm.ShmSegment(shm.layout(push.tensors)[1]))
     conn.send(publication.name)
     signal.pause()
