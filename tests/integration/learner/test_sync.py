@@ -114,9 +114,9 @@ def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_i
                 for i in range(1, 5)}
         size = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
         assert sent == {"g1": 2 * size, "g2": 0, "g3": 2 * size, "g4": 0}  # g2, g4: relayed by g1, g3
-        paths = {p: pub.metrics.registry.get_sample_value(LEARNER_PUSHES_TOTAL, {"path": p})
-                 for p in ("data", "relay")}
-        assert paths == {"data": 4, "relay": 4}  # per version: g1 and g3 over their data channels
+        routes = {r: pub.metrics.registry.get_sample_value(LEARNER_PUSHES_TOTAL, {"path": r.value})
+                  for r in (Route.DATA, Route.RELAY)}
+        assert routes == {Route.DATA: 4, Route.RELAY: 4}  # per version: g1 and g3 over their data channels
         assert pub._failures["g0"] == 2  # the dead one: reported, retried, not fatal within its TTL
     finally:
         pub.close()
