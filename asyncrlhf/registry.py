@@ -1,7 +1,8 @@
 """Generator registry: who is alive, where its WeightSync server listens, and which version it serves.
 
-Each generator keeps a Redis hash `asyncrlhf:<run>:generators:<id>` alive with a heartbeat (the hash
-expires after `ttl_s` without one) and adds its id to the set `asyncrlhf:<run>:generators`. The learner
+Each generator keeps a Redis hash `asyncrlhf:<run>:generators:<id>` (id, address, the `PolicyVersion` it
+serves as `version` and `lineage`, updated_at) alive with a heartbeat (the hash expires after `ttl_s`
+without one) and adds its id to the set `asyncrlhf:<run>:generators`. The learner
 lists the live members before every push, and pushes at once to a member whose version is behind (a replica
 that joined late). A member that stops heart-beating disappears after the TTL; its id is pruned lazily.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from asyncrlhf.streams import GENERATOR_REGISTRY, run_key
+from asyncrlhf.version import PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +26,8 @@ log = logging.getLogger(__name__)
 class Member:
     id: str
     address: str  # host:port of its WeightSync server
-    version: int  # policy version it serves
+    version: PolicyVersion  # the policy version it serves
     updated_at: float  # Unix time of its last heartbeat
-    lineage: int = 0  # learner lineage of the version it serves
 
 
 class Registry:
@@ -37,13 +38,13 @@ class Registry:
     def member_key(self, member_id: str) -> str:
         return f"{self.index_key}:{member_id}"
 
-    def register(self, member_id: str, address: str, version: int, lineage: int = 0) -> None:
+    def register(self, member_id: str, address: str, version: PolicyVersion) -> None:
         """Announce (or refresh) a member; it stays live for `ttl_s` after the last call."""
         key = self.member_key(member_id)
         now = self.client.time()
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping={"id": member_id, "address": address, "version": version, "lineage": lineage,
-                                "updated_at": now[0] + now[1] / 1e6})
+        pipe.hset(key, mapping={"id": member_id, "address": address, "version": version.step,
+                                "lineage": version.lineage, "updated_at": now[0] + now[1] / 1e6})
         pipe.pexpire(key, self.ttl_ms)
         pipe.sadd(self.index_key, member_id)
         pipe.execute()
@@ -66,8 +67,9 @@ class Registry:
             if not fields:
                 gone.append(member_id)
                 continue
-            members.append(Member(member_id, fields[b"address"].decode(), int(fields[b"version"]),
-                                  float(fields[b"updated_at"]), int(fields.get(b"lineage", 0))))
+            version = PolicyVersion(int(fields.get(b"lineage", 0)), int(fields[b"version"]))
+            members.append(Member(member_id, fields[b"address"].decode(), version,
+                                  float(fields[b"updated_at"])))
         if gone:
             self.client.srem(self.index_key, *gone)
         return members
@@ -77,10 +79,9 @@ class Heartbeat:
     """Re-registers a member every `period_s` from a daemon thread, with the version `version()` returns;
     Redis errors are logged and retried on the next beat. Deregisters on `stop()`."""
 
-    def __init__(self, registry: Registry, member_id: str, address: str, version: Callable[[], int],
-                 period_s: float = 2.0, lineage: Callable[[], int] = lambda: 0):
+    def __init__(self, registry: Registry, member_id: str, address: str,
+                 version: Callable[[], PolicyVersion], period_s: float = 2.0):
         self.registry, self.member_id, self.address, self.version = registry, member_id, address, version
-        self.lineage = lineage
         self.period_s = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{member_id}", daemon=True)
@@ -91,7 +92,7 @@ class Heartbeat:
         return self
 
     def beat(self) -> None:
-        self.registry.register(self.member_id, self.address, self.version(), self.lineage())
+        self.registry.register(self.member_id, self.address, self.version())
 
     def stop(self, deregister: bool = True) -> None:
         self._stop.set()

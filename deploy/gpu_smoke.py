@@ -25,6 +25,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import sampling_log_softmax
 from asyncrlhf.sampling.vllm import VLLMBackend
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 
 PARITY_ATOL = 1e-3
@@ -83,7 +84,7 @@ def engine(cache: str, *extra: str):
 def push_and_check(what, backend, model, weights, prompts, sampling) -> bool:
     """Push `weights` into the engine as version 1, time it, and compare its log-probs with `model`'s."""
     start = time.perf_counter()
-    backend.apply_weights(weights, version=1)
+    backend.apply_weights(weights, version=PolicyVersion(0, 1))
     print(f"{what} push: {time.perf_counter() - start:.2f} s")
     measured = gap(model, prompts, backend.generate(prompts, 2, sampling), sampling)
     print(f"parity after {what} push: {measured:.2e} nats/token (target <= {PARITY_ATOL})")

@@ -56,7 +56,9 @@ class WeightSyncServicer:
         one commit message. Errors: UNAUTHENTICATED (token), FAILED_PRECONDITION (version not newer within
         the lineage, or an older lineage),
         NOT_FOUND (unknown tensor), INVALID_ARGUMENT (shape, dtype, offsets, tensor count), DATA_LOSS (checksum,
-        stream ended before commit). A commit message may ask the receiver to relay the version, once committed,
+        stream ended before commit). Every refusal also names its reason (`stale_version`, `bad_checksum`, ...) at
+        the start of the status details and alone in the trailing metadata key `asyncrlhf-refusal`.
+        A commit message may ask the receiver to relay the version, once committed,
         to other generators (`relay_targets`); the reply does not wait for the relay.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

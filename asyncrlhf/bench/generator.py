@@ -49,7 +49,8 @@ from asyncrlhf.redis_server import free_port, redis_url
 from asyncrlhf.registry import Registry
 from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.streams import PROMPTS, REWARD_GROUP, ROLLOUTS, RunStreams, connect, run_key
-from asyncrlhf.weights import PushTarget, WeightPusher
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights import ClientAccess, PushTarget, WeightPusher
 from asyncrlhf.weights.codec import adapter_tensors
 
 TARGET_RATIO = 0.9
@@ -232,8 +233,8 @@ def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], work: 
         service = stack.enter_context(GeneratorProcess(cfg, files, overrides, threads, logs / "service.log"))
         if service.target is None:
             raise RuntimeError("the generator service did not register")
-        with WeightPusher(cfg.run.token) as pusher:
-            (outcome,) = pusher.push(push_state(cfg, backend), 1, [service.target])
+        with WeightPusher(ClientAccess(cfg.run.token)) as pusher:
+            (outcome,) = pusher.push(push_state(cfg, backend), PolicyVersion(0, 1), [service.target])
         if outcome.status != "ok":
             raise RuntimeError(f"could not push weights to the service: {outcome}")
         paired_run(streams, service, backend, prompts[: 2 * cfg.generator.batch_prompts], cfg)  # warm-up

@@ -36,6 +36,7 @@ from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.policies import build_models
 from asyncrlhf.training.trainer import Trainer
+from asyncrlhf.version import PolicyVersion
 
 PHASES = ("generation", "scoring", "training", "push", "apply")
 RESULT = "inprocess.json"
@@ -87,7 +88,7 @@ class InProcess:
         started = time.perf_counter()
         weights = engine.full_state_dict(self.policy.module, lc.deepspeed.zero_stage, lc.lora.enabled)
         gathered = time.perf_counter()
-        self.backend.apply_weights(weights, version)
+        self.backend.apply_weights(weights, PolicyVersion(0, version))
         self.seconds["push"] += gathered - started
         self.seconds["apply"] += time.perf_counter() - gathered
 

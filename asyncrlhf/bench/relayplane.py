@@ -21,11 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from asyncrlhf.bench.weightplane import TOKEN, Tensors, state_dict
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import WeightReceiver
-from asyncrlhf.weights.relay import Relay
+from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
+from asyncrlhf.weights.relay import Relay, TreePush, relay_pusher
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.vocabulary import Route
 
 
 def _receivers(params: int, count: int, conn) -> None:
@@ -33,9 +36,11 @@ def _receivers(params: int, count: int, conn) -> None:
     torch.set_num_threads(1)
     running = []
     for _ in range(count):
-        receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
-        relay, data = Relay(TOKEN, timeout_s=600), DataListener()  # as a generator: with a data channel
-        server, port = serve(receiver, token=TOKEN, relay=relay, data=data)
+        data = DataListener()  # as a generator: with a data channel
+        receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
+                                  NO_VERSION, data)
+        relay = Relay(relay_pusher(ClientAccess(TOKEN), 4 << 20, timeout_s=600))
+        server, port = serve(receiver, access=ServerAccess(TOKEN), relay=relay)
         running.append((server, relay, data, port))
     conn.send([port for *_, port in running])
     conn.recv()
@@ -85,11 +90,13 @@ def bench_relay(params: int, repeats: int, n: int = 16, fanout: int = 2, process
     total = sum(t.numel() * t.element_size() for t in state.values())
     ratios, last = [], []
     with receivers(params, n, min(processes, n)) as addresses, \
-            WeightPusher(TOKEN, dtype="float32", timeout_s=600, shm=False, relay_fanout=fanout) as pusher:
+            WeightPusher(ClientAccess(TOKEN), dtype="float32", timeout_s=600,
+                         routes=(Route.DATA, Route.STREAM)) as pusher:
         targets = [PushTarget(f"r{i}", a) for i, a in enumerate(addresses)]
         for version in range(1, repeats + 2):  # the first version allocates staging; not counted
             start = time.time()
-            outcomes = pusher.push(state, version, targets)
+            push = pusher.prepare(state, PolicyVersion(0, version))
+            outcomes = TreePush(pusher, push, fanout).run(targets)
             bad = [o for o in outcomes if o.status != "ok"]
             if bad:
                 raise RuntimeError(f"bench relay push failed: {bad[0]}")

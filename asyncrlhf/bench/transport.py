@@ -42,10 +42,13 @@ from asyncrlhf.bench.weightplane import Tensors, bench_local, state_dict
 from asyncrlhf.config import RedisConfig
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import ID_FIELD, PAYLOAD_FIELD, REWARD_GROUP, ROLLOUTS, RunStreams, connect
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import GRPC_OPTIONS, ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import WeightReceiver
-from asyncrlhf.weights.server import GRPC_OPTIONS, serve
+from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
+from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.vocabulary import Route
 
 K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
 
@@ -99,7 +102,7 @@ def ours_push_gbps(
     pusher: WeightPusher, state: Mapping[str, torch.Tensor], address: str, version: int
 ) -> float:
     start = time.perf_counter()
-    (outcome,) = pusher.push(state, version, [PushTarget("bench", address)])
+    (outcome,) = pusher.push(state, PolicyVersion(0, version), [PushTarget("bench", address)])
     elapsed = time.perf_counter() - start
     if outcome.status != "ok":
         raise RuntimeError(f"bench push failed: {outcome}")
@@ -155,9 +158,10 @@ def bench_streams(groups: int, batch: int, repeats: int) -> tuple[float, float]:
 def _receivers(params: int, conn) -> None:
     """The receiving process: our WeightSync server and the bare byte sink, until the parent says stop."""
     torch.set_num_threads(1)
-    receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
     data = DataListener()
-    server, port = serve(receiver, token="bench", data=data)
+    receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
+                              NO_VERSION, data)
+    server, port = serve(receiver, access=ServerAccess("bench"))
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))
     conn.recv()
@@ -181,12 +185,13 @@ def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, floa
             raise RuntimeError("bench receiver process did not start within 120 s")
         port, bare_port = parent.recv()
         address = f"127.0.0.1:{port}"
-        with WeightPusher("bench", chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
-                          shm=False) as pusher, \
-                WeightPusher("bench", chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600, shm=False,
-                             data_channel=False) as stream_pusher, \
+        access = ClientAccess("bench")
+        with WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
+                          routes=(Route.DATA, Route.STREAM)) as pusher, \
+                WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
+                             routes=(Route.STREAM,)) as stream_pusher, \
                 grpc.insecure_channel(f"127.0.0.1:{bare_port}", options=GRPC_OPTIONS) as channel:
-            if pusher.paths([PushTarget("bench", address)]) != ["data"]:
+            if pusher.probe([PushTarget("bench", address)]) != [Route.DATA]:
                 raise RuntimeError("bench push does not take the data channel")
             for r in range(repeats):
                 bare.append(bare_grpc_gbps(channel, total, chunk_bytes))

@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import WeightReceiver, swap_in
+from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.target import swap_in
 
 TOKEN = "bench"
 
@@ -35,7 +38,7 @@ class Tensors:
         return self.tensors
 
     def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+        self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> dict[str, torch.Tensor]:
         return swap_in(self.tensors, tensors, adopt=adopt)
 
@@ -49,7 +52,7 @@ def _generator(params: int, conn) -> None:
     """A light generator: a WeightSync server over a receiver, no model, until the parent says stop."""
     torch.set_num_threads(1)
     receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}))
-    server, port = serve(receiver, token=TOKEN)
+    server, port = serve(receiver, access=ServerAccess(TOKEN))
     conn.send(port)
     conn.recv()
     server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
@@ -96,7 +99,7 @@ def memcpy_gbps(state: Mapping[str, torch.Tensor]) -> float:
 def _timed_push(pusher: WeightPusher, state, version: int, addresses) -> float:
     targets = [PushTarget(f"g{i}", a) for i, a in enumerate(addresses)]
     start = time.perf_counter()
-    outcomes = pusher.push(state, version, targets)
+    outcomes = pusher.push(state, PolicyVersion(0, version), targets)
     elapsed = time.perf_counter() - start
     bad = [o for o in outcomes if o.status != "ok"]
     if bad:
@@ -117,7 +120,7 @@ def bench_local(params: int, repeats: int) -> LocalResult:
     total = sum(t.numel() * t.element_size() for t in state.values())
     one, two, copies = [], [], []
     with generators(params, 2) as addresses, \
-            WeightPusher(TOKEN, dtype="float32", timeout_s=600) as pusher:
+            WeightPusher(ClientAccess(TOKEN), dtype="float32", timeout_s=600) as pusher:
         version = 0
         for _ in range(repeats + 1):  # the first round allocates staging; not counted
             copies.append(memcpy_gbps(state))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 from asyncrlhf.config import Config, SamplingConfig
-from asyncrlhf.weights.receiver import WeightTarget
+from asyncrlhf.weights.target import WeightTarget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -50,7 +50,7 @@ class Backend(WeightTarget, Protocol):
 
     @property
     def version(self) -> int:
-        """Policy version of the live weights (0: none received yet)."""
+        """The step of the policy version of the live weights (0: none received yet)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:

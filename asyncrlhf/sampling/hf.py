@@ -27,8 +27,9 @@ from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import CausalLM, is_lora, load_policy, resolve_device, set_threads
 from asyncrlhf.sampling import Completion, Finish, TokenScore
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
-from asyncrlhf.weights.receiver import swap_in
+from asyncrlhf.weights.target import swap_in
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +197,13 @@ class HFBackend:
 
     @torch.no_grad()
     def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+        self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> dict[str, torch.Tensor]:
         # adopted: tensors of the live dtype become live storage, no copy; the replaced ones go back
         replaced = swap_in(self._live, tensors, adopt=adopt)
         if self._pristine:
             self._merge()
-        self._version = version
+        self._version = version.step
         return replaced
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, resolve_device
 from asyncrlhf.sampling import Backend, Completion
 from asyncrlhf.sampling.hf import HFBackend, completion_logprobs, left_pad
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 
 
@@ -108,7 +109,8 @@ class PolicySampler:
                 self.cfg.model_copy(update={"generator": generator, "learner": learner}), self.tokenizer
             )
         state = policy.state_dict()  # the policy's own tensors: copied, never adopted
-        self._vllm.apply_weights(adapter_tensors(state) if is_lora(policy) else state, version, adopt=False)
+        weights = adapter_tensors(state) if is_lora(policy) else state
+        self._vllm.apply_weights(weights, PolicyVersion(0, version), adopt=False)  # lineage not recorded
         return self._vllm
 
 

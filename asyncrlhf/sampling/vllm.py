@@ -54,6 +54,7 @@ from asyncrlhf.sampling.vllm_engine import (
     pristine_targets,
     weight_skeleton,
 )
+from asyncrlhf.version import PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +127,16 @@ class VLLMBackend:
         return self.skeleton
 
     def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+        self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> None:
         """Load into the engine (through a file either way, so `adopt` changes nothing)."""
         if self.pristine is not None:
             self._reload(merged_weights(self.pristine, tensors, self.lora))
         elif self.lora.enabled:
-            self._load_adapter(tensors, version)
+            self._load_adapter(tensors, version.step)
         else:
             self._reload(tensors)
-        self._version = version
+        self._version = version.step
 
     def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file

@@ -1,9 +1,10 @@
-"""The data channel: a push's tensor bytes over a plain TCP connection beside its gRPC call.
+"""The data channel route (`Route.DATA`): a push's tensor bytes over a TCP connection beside its gRPC call.
 
 gRPC carries control (every tensor's name, shape and dtype, the version, the commit) and the TCP connection
 carries the bytes, sent from the tensors' own memory and received into the receiver's staging buffers, each
 hashed block by block while it is in cache: no user-space copy on either side, where a gRPC byte stream
 copies each chunk into a message, into HTTP/2 frames and back out (`docs/weights.md`, "The data channel").
+`DataSender` is its learner end, `DataSource` its generator end.
 
 - **Opening**: the pusher draws a one-time ticket (`TICKET_BYTES` random bytes), connects to the receiver's
   data port (its GetStatus says which) and sends the ticket first; the same ticket rides on every tensor
@@ -32,21 +33,22 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import WireTensor
-from asyncrlhf.weights.staging import PushRejected
+from asyncrlhf.weights.access import ClientAccess, PushCall
+from asyncrlhf.weights.codec import Snapshot, WireTensor, nbytes_of, tensor_header
+from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 log = logging.getLogger(__name__)
-R = TypeVar("R")
 
 TICKET_BYTES = 16
 CHECKSUM_BYTES = 8
-BLOCK = 1 << 20  # sent or received, then hashed while in cache (1 MiB: fastest of 256 KiB..4 MiB here)
+BLOCK = 1 << 20  # sent or received, then hashed while in cache (the size: docs/weights.md)
 CLAIM_TIMEOUT_S = 10.0  # a ticket's connection, or a connection's ticket, must come within this
 PARKED_S = 120.0  # a connection with its ticket waits this long for its push (behind one in progress)
 IDLE_TIMEOUT_S = 30.0  # a receiver gives up on a connection silent this long mid-push
@@ -148,7 +150,7 @@ class DataListener:
         with self._cond:
             found = self._cond.wait_for(lambda: ticket in self._waiting or self._closed, self.claim_timeout_s)
             if not found or self._closed:
-                raise PushRejected("channel_unavailable",
+                raise PushRejected(Reason.CHANNEL_UNAVAILABLE,
                                    f"no data connection presented this push's ticket within "
                                    f"{self.claim_timeout_s:g} s (is the data port {self.port} reachable from "
                                    "the pusher?); push over the gRPC stream")
@@ -185,8 +187,8 @@ class _Connection:
 
 
 class Incoming(_Connection):
-    """The receiving end: `receive_into` reads the next tensor's bytes into a buffer. Obtained through
-    `Session.resolve`; closed when the push ends, aborted when the receiver refuses it (the read in progress
+    """The receiving end: `receive_into` reads the next tensor's bytes into a buffer. Claimed by
+    `DataSource`; closed when the push ends, aborted when the receiver refuses it (the read in progress
     fails as truncated and the sender's further bytes are refused)."""
 
     def receive_into(self, view: memoryview, digest: xxhash.xxh3_64, name: str) -> int:
@@ -199,43 +201,62 @@ class Incoming(_Connection):
             trailer = bytearray(CHECKSUM_BYTES)
             _read_exactly(self.sock, memoryview(trailer))
         except TimeoutError as err:
-            raise PushRejected("truncated", f"`{name}`: the data connection was silent for "
-                                            f"{IDLE_TIMEOUT_S:g} s mid-tensor") from err
+            raise PushRejected(Reason.TRUNCATED, f"`{name}`: the data connection was silent for "
+                                                 f"{IDLE_TIMEOUT_S:g} s mid-tensor") from err
         except (OSError, EOFError) as err:
-            raise PushRejected("truncated", f"`{name}`: the data connection broke mid-tensor: {err}") from err
+            raise PushRejected(Reason.TRUNCATED,
+                               f"`{name}`: the data connection broke mid-tensor: {err}") from err
         return int.from_bytes(trailer, "little")
 
 
-class Session:
-    """The data connection of the push being received, if it names one: `resolve` pairs each tensor message
-    that carries a ticket with the `Incoming` connection of that ticket (claimed on its first message).
-    Use as a context manager: the connection is closed when the push ends, whatever the outcome."""
+class IncomingTensor:
+    """One tensor's bytes on the push's data connection (a `Payload`): read straight into the buffer,
+    hashed as they land, followed by the sender's checksum."""
+
+    def __init__(self, incoming: Incoming, header: pb.WeightChunk):
+        self.incoming, self.name, self.nbytes = incoming, header.name, nbytes_of(header)
+
+    def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> int:
+        written = memoryview(dst)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
+        return self.incoming.receive_into(written, digest, self.name)
+
+    def lend(self) -> InPlaceBytes | None:
+        return None
+
+    def abort(self) -> None:
+        self.incoming.abort()
+
+
+class DataSource:
+    """The generator end of `Route.DATA` for one push: it claims the tensor messages that carry a ticket and
+    pairs them with the `Incoming` connection of that ticket (claimed on the first). Use as a context manager:
+    the connection is closed when the push ends, whatever the outcome."""
+
+    route = Route.DATA
 
     def __init__(self, listener: DataListener | None):
         self.listener = listener
         self.incoming: Incoming | None = None
         self._ticket = b""
 
-    def resolve(self, messages: Iterator[tuple[pb.WeightChunk, memoryview]],
-                ) -> Iterator[tuple[pb.WeightChunk, memoryview | Incoming]]:
-        for header, data in messages:
-            if header.data_ticket:
-                yield header, self._incoming(header.data_ticket)
-            else:
-                yield header, data
+    def claims(self, header: pb.WeightChunk) -> bool:
+        return bool(header.data_ticket)
+
+    def payload(self, header: pb.WeightChunk, inline: memoryview) -> IncomingTensor:
+        return IncomingTensor(self._incoming(header.data_ticket), header)
 
     def _incoming(self, ticket: bytes) -> Incoming:
         if self.listener is None:
-            raise PushRejected("channel_unavailable", "this receiver has no data channel (its GetStatus "
-                                                      "says data_port 0); push over the gRPC stream")
+            raise PushRejected(Reason.CHANNEL_UNAVAILABLE, "this receiver has no data channel (its GetStatus "
+                                                           "says data_port 0); push over the gRPC stream")
         if self.incoming is None:
             self.incoming, self._ticket = Incoming(self.listener.claim(ticket)), ticket
         elif ticket != self._ticket:
-            raise PushRejected("channel_unavailable", "a push names one data connection; this message names "
-                                                      "another ticket")
+            raise PushRejected(Reason.CHANNEL_UNAVAILABLE, "a push names one data connection; this message "
+                                                           "names another ticket")
         return self.incoming
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> DataSource:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -275,35 +296,69 @@ class Outgoing(_Connection):
             self.sock.sendall(checksum.to_bytes(CHECKSUM_BYTES, "little"))
 
 
-def control_messages(tensors: Sequence[WireTensor], version: int, lineage: int,
-                     ticket: bytes) -> Iterator[bytes]:
+def control_messages(push: Snapshot, ticket: bytes) -> Iterator[bytes]:
     """The gRPC side of a data-channel push, without its commit: one control message per tensor."""
-    for t in tensors:
-        yield pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype, shape=t.shape,
-                             data_ticket=ticket).SerializeToString()
+    for t in push.tensors:
+        yield tensor_header(push.version, t, data_ticket=ticket).SerializeToString()
 
 
-def push_beside(call: Callable[[Iterator[bytes]], R], host: str, port: int, tensors: Sequence[WireTensor],
-                version: int, lineage: int, commit: bytes, timeout_s: float,
-                tls: ssl.SSLContext | None = None, server_name: str | None = None) -> R:
-    """One data-channel push: open the connection to `host:port` (OSError if it cannot be), send the tensors'
-    bytes over it on a thread of their own while `call` (the gRPC call) sends the control messages and then
-    `commit`; return what `call` returns. If `call` raises, the sending stops at once (the receiver has
-    stopped reading) and the error is the caller's."""
-    ticket = new_ticket()
-    outgoing = Outgoing(host, port, ticket, timeout_s, tls, server_name)
+class DataTransfer:
+    """One version over the data channels of a round's targets: each push opens its own connection."""
 
-    def send() -> None:
-        with contextlib.suppress(OSError):  # the receiver closed the connection: its gRPC status says why
-            outgoing.send(tensors)
+    def __init__(self, push: Snapshot, sender: DataSender):
+        self.push, self.sender = push, sender
 
-    sender = threading.Thread(target=send, name="weight-data-send", daemon=True)
-    sender.start()
-    try:
-        return call(itertools.chain(control_messages(tensors, version, lineage, ticket), (commit,)))
-    except BaseException:
-        outgoing.abort()
-        raise
-    finally:
-        sender.join()
-        outgoing.close()
+    def send_weights(self, call: PushCall, address: str, commit: bytes) -> pb.PushReply:
+        """Open the connection to the target's data port (OSError if it cannot be), send the tensors' bytes
+        over it on a thread of their own while `call` sends the control messages and then `commit`. If `call`
+        raises, the sending stops at once (the receiver has stopped reading) and the error is the caller's."""
+        ticket, access = new_ticket(), self.sender.access
+        outgoing = Outgoing(split_address(address), self.sender.port(address), ticket, self.sender.timeout_s,
+                            access.data_tls, access.server_name)
+
+        def send() -> None:
+            with contextlib.suppress(OSError):  # the receiver closed the connection: its gRPC status says why
+                outgoing.send(self.push.tensors)
+
+        sending = threading.Thread(target=send, name="weight-data-send", daemon=True)
+        sending.start()
+        try:
+            return call(itertools.chain(control_messages(self.push, ticket), (commit,)))
+        except BaseException:
+            outgoing.abort()
+            raise
+        finally:
+            sending.join()
+            outgoing.close()
+
+    def close(self) -> None:
+        """Each push's connection is closed with it."""
+
+
+class DataSender:
+    """The learner end of `Route.DATA`: generators whose GetStatus offers a data port, when `access` allows a
+    data channel (beside TLS gRPC, a TLS one only)."""
+
+    route = Route.DATA
+
+    def __init__(self, access: ClientAccess, timeout_s: float):
+        self.access, self.timeout_s = access, timeout_s
+        self._ports: dict[str, int] = {}  # address -> its data channel's port
+
+    def accepts(self, address: str, status: pb.GetStatusReply) -> bool:
+        if status.data_port and self.access.data_channel_allowed:
+            self._ports[address] = status.data_port
+            return True
+        return False
+
+    def port(self, address: str) -> int:
+        return self._ports[address]
+
+    def forget(self, address: str) -> None:
+        self._ports.pop(address, None)
+
+    def begin(self, push: Snapshot, targets: int) -> DataTransfer:
+        return DataTransfer(push, self)
+
+    def close(self) -> None:
+        """Connections live as long as their push."""

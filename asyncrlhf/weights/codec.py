@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.version import PolicyVersion
 
 MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
 
@@ -69,6 +71,42 @@ def prepare(
     return [to_wire(name, tensor, cast) for name, tensor in state_dict.items()]
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """One version's tensors as pushed: what every route carries, and what a relay forwards. `partial`: the
+    tensors cover only some of the live ones (LoRA adapters)."""
+
+    version: PolicyVersion
+    tensors: Sequence[WireTensor]
+    partial: bool = False
+
+
+def snapshot(state_dict: Mapping[str, torch.Tensor], version: PolicyVersion, dtype: str | None = None,
+             partial: bool = False) -> Snapshot:
+    """`state_dict` prepared (`prepare`) as `version`."""
+    return Snapshot(version, prepare(state_dict, dtype), partial)
+
+
+def tensor_header(version: PolicyVersion, t: WireTensor, **fields) -> pb.WeightChunk:
+    """The message that names tensor `t` of a push of `version` (its bytes, or where they lie: `fields`)."""
+    dtype: Any = t.dtype  # a pb.DType value
+    return pb.WeightChunk(version=version.step, lineage=version.lineage, name=t.name, dtype=dtype,
+                          shape=t.shape, **fields)
+
+
+def version_of(header: pb.WeightChunk) -> PolicyVersion:
+    return PolicyVersion(header.lineage, header.version)
+
+
+def nbytes_of(header: pb.WeightChunk) -> int:
+    """The bytes of the whole tensor a message names, by its shape and dtype (0 for an unknown dtype)."""
+    dtype = FROM_WIRE.get(header.dtype)
+    count = dtype.itemsize if dtype is not None else 0
+    for d in header.shape:
+        count *= d
+    return count
+
+
 def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Only the LoRA adapter tensors (PEFT names contain `lora_`): what a LoRA run pushes."""
     return {name: t for name, t in state_dict.items() if "lora_" in name}
@@ -79,8 +117,8 @@ HASH_BLOCK = 256 << 10  # copied then hashed while still in cache: one pass over
 
 def copy_hashed(dst: np.ndarray, src: memoryview | bytes, digest: xxhash.xxh3_64) -> None:
     """dst[:] = src, with `digest` updated over the bytes as written to `dst` (so what is verified is what
-    was stored, even if `src` changes meanwhile), block by block while each block is in cache: 1.5x the
-    speed of a whole copy then a whole hash on this machine. `dst`: a uint8 array of len(src) bytes."""
+    was stored, even if `src` changes meanwhile), block by block while each block is in cache: one pass over
+    memory rather than two (docs/weights.md). `dst`: a uint8 array of len(src) bytes."""
     written = memoryview(dst)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
     source = np.frombuffer(src, dtype=np.uint8)
     for start in range(0, len(source), HASH_BLOCK):
@@ -89,22 +127,14 @@ def copy_hashed(dst: np.ndarray, src: memoryview | bytes, digest: xxhash.xxh3_64
         digest.update(written[start:end])
 
 
-def checksum(tensor: WireTensor) -> int:
-    """XXH3-64 of a tensor's bytes as sent (the hash releases the GIL)."""
-    return xxhash.xxh3_64_intdigest(tensor.data)
-
-
-def encoded_chunks(
-    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False,
-    lineage: int = 0,
-) -> Iterator[bytes]:
+def encoded_chunks(push: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
     """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices, then the commit message.
     Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
     hashed while it is in cache) and sent on its last slice; a tensor whose checksum is known already (a
     relay forwarding what it verified) sends that one, so its receivers check the learner's checksum."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
-    for t in tensors:
+    for t in push.tensors:
         nbytes = t.data.nbytes
         digest = xxhash.xxh3_64() if t.checksum is None else None
         for offset in range(0, max(nbytes, 1), chunk_bytes):
@@ -113,28 +143,24 @@ def encoded_chunks(
                 digest.update(piece)
             last = offset + chunk_bytes >= nbytes
             checksum = (t.checksum if digest is None else digest.intdigest()) if last else 0
-            header = pb.WeightChunk(version=version, lineage=lineage, name=t.name, dtype=t.dtype,
-                                    shape=t.shape, offset=offset, checksum=checksum)
+            header = tensor_header(push.version, t, offset=offset, checksum=checksum)
             yield encode_chunk(header, piece)
-    yield commit_message(version, lineage, len(tensors), partial).SerializeToString()
+    yield commit_message(push).SerializeToString()
 
 
-def commit_message(version: int, lineage: int, tensor_count: int, partial: bool,
-                   relay: Sequence[tuple[str, str]] = (), relay_fanout: int = 0) -> pb.WeightChunk:
+def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_fanout: int = 0,
+                   ) -> pb.WeightChunk:
     """The final message of a push; `relay`: the (id, address) of the generators the receiver forwards the
     version to once it is committed, `relay_fanout` at a time (`relay.py`)."""
     return pb.WeightChunk(
-        version=version, lineage=lineage, commit=True, tensor_count=tensor_count, partial=partial,
-        relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
+        version=push.version.step, lineage=push.version.lineage, commit=True, tensor_count=len(push.tensors),
+        partial=push.partial, relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
         relay_fanout=relay_fanout if relay else 0)
 
 
-def chunks(
-    tensors: Sequence[WireTensor], version: int, chunk_bytes: int, partial: bool = False, lineage: int = 0
-) -> Iterator[pb.WeightChunk]:
+def chunks(push: Snapshot, chunk_bytes: int) -> Iterator[pb.WeightChunk]:
     """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
-    raw = encoded_chunks(tensors, version, chunk_bytes, partial, lineage=lineage)
-    return (pb.WeightChunk.FromString(r) for r in raw)
+    return (pb.WeightChunk.FromString(r) for r in encoded_chunks(push, chunk_bytes))
 
 
 _DATA_FIELD = pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number

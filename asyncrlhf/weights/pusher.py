@@ -2,51 +2,45 @@
 
 `WeightPusher.push(state_dict, version, targets)` casts floating tensors to the push dtype once and pushes to
 every target concurrently, each with its own deadline; it returns one `PushOutcome` per target: ok, rejected
-(the receiver's reason) or unreachable. Each version is prepared once per path, whatever the number of
-targets: targets that share this host's shared memory (their GetStatus says so, asked once per address) get
-the bytes through the pusher's shared-memory segments (`shm`: written once per version, adopted in place by
-the receivers, rewritten once none holds them, removed at `close`) and only control messages over gRPC; the
-others that offer a data channel (`channel.py`; GetStatus says its port) get the bytes over it, from the
-tensors' own memory, and only control messages over gRPC; the rest get one byte stream, encoded and
-checksummed (XXH3-64, while encoding) ahead of gRPC sending it — once for all of them
-(`stream.EncodedOnce`). A target that cannot open the segment, or whose data channel cannot be reached, is
-streamed to from then on (a data channel: until it is asked again, after a failed connection).
+(the receiver's `Reason`) or unreachable. Each target's route is asked once per address (`Routes`: the first
+of the pusher's senders that accepts its GetStatus), and each version is prepared once per route, whatever
+the number of targets (`Sender.begin`). A route that fails for a reason `routes.FALLBACKS` lists gives way to
+the one it names, for that push and, where the table says so, from then on.
 
-With `relay_fanout` k > 0 the streamed targets form a relay tree (`relay.py`): the pusher streams to k of
-them, and each generator that commits the version forwards it to its part of the tree, so this pusher's
-upload stays about k versions whatever the number of targets; it waits for every relayed target to serve the
-version and pushes directly to any whose relay failed. `send` is one round of pushes, each target's commit
-message carrying its part of the tree.
+`send` is one round of pushes; a target's commit message may carry its part of a relay tree (`RelayPlan`),
+which the learner's publisher chooses (`relay.TreePush`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from queue import Full, Queue
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Literal
 
 import grpc
 import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights.channel import push_beside, split_address
-from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, WireTensor, commit_message, encoded_chunks, prepare
-from asyncrlhf.weights.routes import UNREACHABLE, Routes
-from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE
-from asyncrlhf.weights.shm import SegmentPool, ShmPublication, layout, shm_host, sweep_stale
-from asyncrlhf.weights.stream import EncodedOnce
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import UNREACHABLE, Channels, ClientAccess
+from asyncrlhf.weights.channel import DataSender
+from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, Snapshot, commit_message, snapshot
+from asyncrlhf.weights.routes import FALLBACKS, Fallback, Routes, Sender, Transfer, Unreachable
+from asyncrlhf.weights.shm import ShmSender, shm_host
+from asyncrlhf.weights.stream import StreamSender
+from asyncrlhf.weights.vocabulary import Reason, Route, refusal_reason
 
 log = logging.getLogger(__name__)
 PushStatus = Literal["ok", "rejected", "unreachable"]
+PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target which routes it takes
+ALL_ROUTES = (Route.SHM, Route.DATA, Route.STREAM)  # in order of preference
+
 
 @dataclass(frozen=True)
 class PushTarget:
@@ -56,195 +50,135 @@ class PushTarget:
 
 @dataclass(frozen=True)
 class PushOutcome:
-    """What happened to one target: `ok`, `rejected` (the receiver refused; `detail` says why) or
-    `unreachable` (no answer within the deadline)."""
+    """What happened to one target: `ok`, `rejected` (the receiver refused: `reason`, and `detail` says why)
+    or `unreachable` (no answer within the deadline)."""
 
     target: PushTarget
     status: PushStatus
     code: str  # gRPC status code name ("OK", "DATA_LOSS", "UNAVAILABLE", ...)
     detail: str
-    version: int  # the version the target now serves, when ok
+    version: PolicyVersion | None  # the version the target now serves, when ok
     seconds: float
     bytes: int  # tensor bytes this pusher sent the target (0: it got the version from a relay)
     relayed_by: str = ""  # the id of the generator that forwarded the version to it ("": this pusher did)
-    path: str = ""  # how the version reached it, when ok: "shm", "data", "stream" or "relay"
+    route: Route | None = None  # how the version reached it, when ok
+    reason: Reason | None = None  # the receiver's refusal, when rejected
 
 
-PROBE_TIMEOUT_S = 2.0  # GetStatus asking a new target whether it shares our shared memory
+@dataclass(frozen=True)
+class RelayPlan:
+    """A target -> the targets it relays the version to once committed (its part of the tree), `fanout` at
+    a time."""
+
+    below: Mapping[PushTarget, Sequence[PushTarget]] = field(default_factory=dict)
+    fanout: int = 0
+
+    def commit(self, push: Snapshot, target: PushTarget) -> bytes:
+        """`target`'s commit message: asking it to relay to its part of the tree, if it has one."""
+        below = [(b.id, b.address) for b in self.below.get(target, ())]
+        return commit_message(push, below, self.fanout).SerializeToString()
 
 
-def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
-    """`items`, produced up to `depth` ahead by a background thread, so that encoding the next chunk overlaps
-    gRPC sending this one. Closing the iterator (gRPC cancels the call) stops the producer."""
-    queue: Queue = Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        queue.put(item, timeout=0.1)
-                        break
-                    except Full:
-                        continue
-                if stop.is_set():
-                    return
-            queue.put(done)
-        except BaseException as err:  # handed to the consumer, raised there
-            queue.put(err)
-
-    producer = threading.Thread(target=produce, name="weight-encode", daemon=True)
-    producer.start()
-    try:
-        while (item := queue.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
+NO_RELAY = RelayPlan()
 
 
-def _shm_requests(publication: ShmPublication, partial: bool, timeout_s: float) -> Iterator[bytes]:
-    """The control messages of a same-host push: one per tensor as its bytes land in the segment, then the
-    commit."""
-    for i in range(len(publication.tensors)):
-        yield publication.control(i, timeout_s).SerializeToString()
-    commit = commit_message(publication.version, publication.lineage, len(publication.tensors), partial)
-    yield commit.SerializeToString()
+def senders(access: ClientAccess, chunk_bytes: int, timeout_s: float,
+            routes: Collection[Route] = ALL_ROUTES) -> list[Sender]:
+    """The learner end of each of `routes` this process can use (shared memory where it has some, a data
+    channel where `access` allows one), in order of preference; the stream always: every route falls back
+    to it."""
+    made: list[Sender] = []
+    if Route.SHM in routes and shm_host():
+        made.append(ShmSender(timeout_s))
+    if Route.DATA in routes and access.data_channel_allowed:
+        made.append(DataSender(access, timeout_s))
+    return [*made, StreamSender(chunk_bytes)]
 
 
-def _with_commit(requests: Iterator[bytes], commit: bytes) -> Iterator[bytes]:
-    """`requests` with its last message (the commit) replaced by `commit`: one target's own commit (its relay
-    plan) after the chunks every target shares."""
-    held: bytes | None = None
-    for request in requests:
-        if held is not None:
-            yield held
-        held = request
-    yield commit
+class _Round:
+    """The transfers of one round, one per route, each begun once for all its targets."""
 
+    def __init__(self, stack: ExitStack, by_route: Mapping[Route, Sender], push: Snapshot):
+        self._stack, self._senders, self._push = stack, by_route, push
+        self._transfers: dict[Route, Transfer] = {}
+        self._lock = threading.Lock()
 
-# A target -> the targets it relays the version to once committed (its part of the tree), or none.
-RelayPlan = Mapping[PushTarget, Sequence[PushTarget]]
+    def begin(self, route: Route, targets: int) -> None:
+        transfer = self._transfers[route] = self._senders[route].begin(self._push, targets)
+        self._stack.callback(transfer.close)
+
+    def transfer(self, route: Route) -> Transfer:
+        """The round's transfer on `route`, begun now if no target started on it (a fallback)."""
+        with self._lock:
+            if route not in self._transfers:
+                self.begin(route, 0)
+            return self._transfers[route]
 
 
 class WeightPusher:
-    """Pushes versions to many WeightSync servers at once. Channels are kept per address and reused."""
+    """Pushes versions to many WeightSync servers at once, dialed with `access`. `routes`: the routes it may
+    use (the stream always); a `Sender` per route, built by `senders` unless given (a test's)."""
 
-    def __init__(self, token: str | None = None, *, chunk_bytes: int = 4 << 20,
+    def __init__(self, access: ClientAccess | None = None, *, chunk_bytes: int = 4 << 20,
                  dtype: str | None = "float32", timeout_s: float = 60.0,
-                 credentials: grpc.ChannelCredentials | None = None,
-                 channel_options: Sequence[tuple[str, str]] = (), shm: bool = True, relay_fanout: int = 0,
-                 data_channel: bool = True, data_tls: ssl.SSLContext | None = None,
-                 data_server_name: str | None = None):
-        """`data_tls` (`tls.client_ssl_context`): the data channel's TLS, needed to use one beside TLS
-        `credentials`; `data_server_name`: the name its certificate must carry (else the host dialed)."""
+                 routes: Collection[Route] = ALL_ROUTES, route_senders: Sequence[Sender] | None = None):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
-        if relay_fanout < 0:
-            raise ValueError(f"relay_fanout must be >= 0 (0: no relay), got {relay_fanout}")
+        self.access = access or ClientAccess()
         self.chunk_bytes, self.dtype, self.timeout_s = chunk_bytes, dtype, timeout_s
-        self.relay_fanout = relay_fanout
-        self._metadata = ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._channels_lock = threading.Lock()
-        self._credentials, self._channel_options = credentials, list(channel_options)
-        self._data_tls, self._data_server_name = data_tls, data_server_name
-        # beside TLS gRPC only a TLS data channel: without its context, bytes stay on the TLS stream
-        self.routes = Routes(functools.partial(self.get_status, timeout_s=min(PROBE_TIMEOUT_S, timeout_s)),
-                             shm_host() if shm else "",
-                             data_channel and (credentials is None or data_tls is not None))
-        self._segments = SegmentPool()  # rewritten in place, each once no receiver holds it
-        self._segment_lock = threading.Lock()
-        if self.routes.shm_host:
-            sweep_stale()  # segments of a pusher that was killed mid-push
+        self.channels = Channels(self.access)
+        made = route_senders if route_senders is not None else \
+            senders(self.access, chunk_bytes, timeout_s, routes)
+        probe = functools.partial(self.channels.get_status, timeout_s=min(PROBE_TIMEOUT_S, timeout_s))
+        self.routes = Routes(made, probe)
 
     @classmethod
-    def from_config(cls, cfg) -> WeightPusher:
-        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s /
-        relay_fanout."""
-        from asyncrlhf.weights.tls import channel_credentials, channel_options, client_ssl_context
+    def from_config(cls, cfg, routes: Collection[Route] = ALL_ROUTES) -> WeightPusher:
+        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s."""
+        return cls(ClientAccess.from_config(cfg), chunk_bytes=cfg.learner.push_chunk_bytes,
+                   dtype=cfg.learner.push_dtype, timeout_s=cfg.learner.push_timeout_s, routes=routes)
 
-        tls = cfg.run.grpc_tls
-        return cls(cfg.run.token, chunk_bytes=cfg.learner.push_chunk_bytes, dtype=cfg.learner.push_dtype,
-                   timeout_s=cfg.learner.push_timeout_s, credentials=channel_credentials(tls),
-                   channel_options=channel_options(tls), relay_fanout=cfg.learner.relay_fanout,
-                   data_tls=client_ssl_context(tls), data_server_name=tls.server_name if tls else None)
+    def prepare(self, state_dict: Mapping[str, torch.Tensor], version: PolicyVersion,
+                partial: bool = False) -> Snapshot:
+        """`state_dict` as a push of `version`, floating tensors cast to the push dtype."""
+        return snapshot(state_dict, version, self.dtype, partial)
 
-    def push(self, state_dict: Mapping[str, torch.Tensor], version: int, targets: Sequence[PushTarget],
-             *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
-        """Push `state_dict` as `version` of `lineage` to every target concurrently; one outcome per target,
-        in order."""
-        tensors = prepare(state_dict, self.dtype)
-        return self.push_prepared(tensors, version, targets, partial=partial, lineage=lineage)
+    def push(self, state_dict: Mapping[str, torch.Tensor], version: PolicyVersion,
+             targets: Sequence[PushTarget], *, partial: bool = False) -> list[PushOutcome]:
+        """Push `state_dict` as `version` to every target concurrently; one outcome per target, in order."""
+        return self.send(self.prepare(state_dict, version, partial), targets)
 
-    def push_prepared(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget],
-                      *, partial: bool = False, lineage: int = 0) -> list[PushOutcome]:
-        if self.relay_fanout:
-            from asyncrlhf.weights.relay import TreePush  # relay.py builds on this module
-
-            return TreePush(self, tensors, version, partial, lineage).run(targets)
-        return self.send(tensors, version, targets, partial=partial, lineage=lineage)
-
-    def paths(self, targets: Sequence[PushTarget]) -> list[str]:
-        """How a push reaches each target: "shm", "data", "stream" or "unreachable:<code>" (`Routes.path`)."""
+    def probe(self, targets: Sequence[PushTarget]) -> list[Route | Unreachable]:
+        """How a push reaches each target (`Routes.route`), asked concurrently."""
         if not targets:
             return []
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-probe") as pool:
-            return list(pool.map(self.routes.path, [t.address for t in targets]))
+            return list(pool.map(self.routes.route, [t.address for t in targets]))
 
-    def send(self, tensors: Sequence[WireTensor], version: int, targets: Sequence[PushTarget], *,
-             partial: bool = False, lineage: int = 0, relay: RelayPlan | None = None, relay_fanout: int = 0,
-             paths: Sequence[str] | None = None) -> list[PushOutcome]:
-        """One round: push to every target concurrently, no relay tree of its own; a target in `relay` is
-        asked to forward the version, once committed, to its targets there, `relay_fanout` at a time.
-        `paths`: from `paths(targets)`, when known."""
+    def send(self, push: Snapshot, targets: Sequence[PushTarget], relay: RelayPlan = NO_RELAY,
+             routes: Sequence[Route | Unreachable] | None = None) -> list[PushOutcome]:
+        """One round: push to every target concurrently; a target in `relay` is asked to forward the version,
+        once committed, to its part of the tree. `routes`: from `probe(targets)`, when known."""
         if not targets:
             return []
-        relay = relay or {}
-        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="weight-push") as pool:
-            if paths is None:
-                paths = list(pool.map(self.routes.path, [t.address for t in targets]))
-            streamed, local = paths.count("stream"), "shm" in paths  # "data": each its own connection
-            # one version in the segment at a time; pushes that do not use it run side by side
-            with self._segment_lock if local else contextlib.nullcontext():
-                segment = self._publish_locally(tensors, version, lineage) if local else None
-                shared = EncodedOnce(tensors, version, self.chunk_bytes, partial, lineage=lineage) \
-                    if streamed > 1 else None
-                try:
-                    futures = []
-                    for t, path in zip(targets, paths, strict=True):
-                        below = [(b.id, b.address) for b in relay.get(t, ())]
-                        commit = commit_message(version, lineage, len(tensors), partial, below,
-                                                relay_fanout).SerializeToString() if below else None
-                        futures.append(pool.submit(self._push_one, tensors, version, t, partial, path,
-                                                   segment, shared, lineage, commit))
-                    return [f.result() for f in futures]
-                finally:
-                    if segment is not None:
-                        segment.finish()
-                        self._segments.trim(segment.segment, receivers=self.routes.local_receivers())
-                    if shared is not None:
-                        shared.close()
-
-    def _publish_locally(self, tensors: Sequence[WireTensor], version: int, lineage: int) -> ShmPublication:
-        """Write `version` into a segment no local receiver holds (`SegmentPool.claim`)."""
-        _, size = layout(tensors)
-        return ShmPublication(tensors, version, self._segments.claim(size), lineage)
+        routes = routes if routes is not None else self.probe(targets)
+        counts = {r: routes.count(r) for r in set(routes) if isinstance(r, Route)}
+        with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(targets),
+                                                      thread_name_prefix="weight-push") as pool:
+            transfers = _Round(stack, self.routes.senders, push)
+            for route in [r for r in self.routes.senders if r in counts]:  # the segment's writer first
+                transfers.begin(route, counts[route])
+            futures = [pool.submit(self._push_one, transfers, t, r, relay.commit(push, t))
+                       for t, r in zip(targets, routes, strict=True)]
+            return [f.result() for f in futures]
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
-        stub = pb_grpc.WeightSyncStub(self._channel(address))
-        return stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s, metadata=self._metadata)
+        return self.channels.get_status(address, timeout_s)
 
     def close(self) -> None:
-        with self._channels_lock:
-            for channel in self._channels.values():
-                channel.close()
-            self._channels.clear()
-        with self._segment_lock:
-            self._segments.close()  # no segment outlives its pusher
+        self.channels.close()
+        for sender in self.routes.senders.values():
+            sender.close()
 
     def __enter__(self) -> WeightPusher:
         return self
@@ -252,75 +186,36 @@ class WeightPusher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _push_one(
-        self, tensors: Sequence[WireTensor], version: int, target: PushTarget, partial: bool, path: str,
-        segment: ShmPublication | None, shared: EncodedOnce | None, lineage: int = 0,
-        commit: bytes | None = None,
-    ) -> PushOutcome:
+    def _push_one(self, transfers: _Round, target: PushTarget, route: Route | Unreachable,
+                  commit: bytes) -> PushOutcome:
         start = time.perf_counter()
-        if path.startswith("unreachable:"):  # "unreachable:<the status code GetStatus got>"
-            code_name = path.split(":", 1)[1]
-            return PushOutcome(target, "unreachable", code_name, "no answer to GetStatus", 0, 0.0, 0)
-        if path == "data":
-            return self._push_over_channel(tensors, version, target, partial, lineage, commit)
-        push_weights = self._channel(target.address).stream_unary(  # requests pre-serialized: no serializer
-            f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
-        if segment is not None and path == "shm":
-            requests: Iterator[bytes] = _shm_requests(segment, partial, self.timeout_s)
-        elif shared is not None:
-            requests = shared.reader()
-        else:
-            requests = prefetched(encoded_chunks(tensors, version, self.chunk_bytes, partial, lineage))
-        if commit is not None:
-            requests = _with_commit(requests, commit)
-        try:
-            reply = push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
-        except grpc.RpcError as err:
-            code = err.code()
-            if path == "shm" and (err.details() or "").startswith("shm_unavailable"):
-                self.routes.no_shm(target.address)
-                return self._push_one(tensors, version, target, partial, "stream", None, None, lineage,
-                                      commit)
-            status: PushStatus = "unreachable" if code in UNREACHABLE else "rejected"
-            seconds = time.perf_counter() - start
-            return PushOutcome(target, status, code.name, err.details() or "", 0, seconds, 0)
-        return PushOutcome(target, "ok", "OK", "", reply.version, time.perf_counter() - start, reply.bytes,
-                           path=path)
+        if isinstance(route, Unreachable):
+            return PushOutcome(target, "unreachable", route.code, "no answer to GetStatus", None, 0.0, 0)
+        call = self.channels.push_call(target.address, self.timeout_s)
+        while True:
+            try:
+                reply = transfers.transfer(route).send_weights(call, target.address, commit)
+                return PushOutcome(target, "ok", "OK", "", PolicyVersion(reply.lineage, reply.version),
+                                   time.perf_counter() - start, reply.bytes, route=route)
+            except (grpc.RpcError, OSError) as err:
+                fallback = _fallback(route, err)
+                if fallback is None:
+                    if isinstance(err, OSError):
+                        raise
+                    return _refused(target, err, time.perf_counter() - start)
+                log.warning("push to %s over %s failed (%s): pushing over %s", target.address, route.value,
+                            err.details() if isinstance(err, grpc.RpcError) else err, fallback.to.value)
+                self.routes.fall_back(target.address, route, fallback)
+                route = fallback.to
 
-    def _push_over_channel(self, tensors: Sequence[WireTensor], version: int, target: PushTarget,
-                           partial: bool, lineage: int, commit: bytes | None) -> PushOutcome:
-        """Control over gRPC, bytes over the target's data channel (`channel.push_beside`). A channel that
-        cannot be opened, or that the receiver cannot pair with the push, gets the byte stream."""
-        start, address, port = time.perf_counter(), target.address, self.routes.data_port(target.address)
-        push_weights = self._channel(address).stream_unary(
-            f"/{SERVICE}/PushWeights", response_deserializer=pb.PushReply.FromString)
 
-        def call(requests: Iterator[bytes]) -> pb.PushReply:
-            return push_weights(requests, timeout=self.timeout_s, metadata=self._metadata)
+def _fallback(route: Route, err: grpc.RpcError | OSError) -> Fallback | None:
+    failed = OSError if isinstance(err, OSError) else refusal_reason(err)
+    return FALLBACKS.get((route, failed)) if failed is not None else None
 
-        final = commit or commit_message(version, lineage, len(tensors), partial).SerializeToString()
-        try:
-            reply = push_beside(call, split_address(address), port, tensors, version, lineage, final,
-                                self.timeout_s, self._data_tls, self._data_server_name)
-            seconds = time.perf_counter() - start
-            return PushOutcome(target, "ok", "OK", "", reply.version, seconds, reply.bytes, path="data")
-        except OSError as err:
-            log.warning("weight data channel of %s (port %d) unreachable (%s): pushing over the gRPC stream",
-                        address, port, err)
-            self.routes.forget(address)
-        except grpc.RpcError as err:
-            if not (err.details() or "").startswith("channel_unavailable"):
-                status: PushStatus = "unreachable" if err.code() in UNREACHABLE else "rejected"
-                return PushOutcome(target, status, err.code().name, err.details() or "", 0,
-                                   time.perf_counter() - start, 0)
-            self.routes.no_data(address)
-        return self._push_one(tensors, version, target, partial, "stream", None, None, lineage, commit)
 
-    def _channel(self, address: str) -> grpc.Channel:
-        with self._channels_lock:
-            if address not in self._channels:
-                options = [*GRPC_OPTIONS, *self._channel_options]
-                self._channels[address] = (
-                    grpc.secure_channel(address, self._credentials, options=options) if self._credentials
-                    else grpc.insecure_channel(address, options=options))
-            return self._channels[address]
+def _refused(target: PushTarget, err: grpc.RpcError, seconds: float) -> PushOutcome:
+    code = err.code()
+    status: PushStatus = "unreachable" if code in UNREACHABLE else "rejected"
+    return PushOutcome(target, status, code.name, err.details() or "", None, seconds, 0,
+                       reason=refusal_reason(err))

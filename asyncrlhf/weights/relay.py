@@ -8,14 +8,14 @@ most k others, and 64 generators with k = 2 are 6 hops deep. The plan travels in
 message carries the rest of its part (`WeightChunk.relay_targets`) and k (`relay_fanout`).
 
 The relaying generator (`Relay`, beside its WeightSync server). Only after its own commit — a refused push
-relays nothing — it forwards the version it verified, with the same lineage, version and checksums (the
-learner's XXH3-64s, not recomputed: its children check the learner's bytes), from a background thread: one
-encoding for all its children (`stream.EncodedOnce`), the run's token and TLS settings. Until it is done its
-receiver is held, so a next push stages into fresh buffers rather than over the bytes being forwarded; its
-GetStatus says `relaying` meanwhile. A child it cannot reach, or that refuses, is logged.
+relays nothing — it forwards the snapshot it verified, with the same version and checksums (the learner's
+XXH3-64s, not recomputed: its children check the learner's bytes), from a background thread, with its own
+`WeightPusher` (the run's token and TLS settings; data channel or stream). Until it is done its receiver is
+held, so a next push stages into fresh buffers rather than over the bytes being forwarded; its GetStatus
+says `relaying` meanwhile. A child it cannot reach, or that refuses, is logged.
 
-The learner (`TreePush`, what `WeightPusher.push` runs when `relay_fanout` > 0). Same-host targets keep the
-shared-memory path and are never part of the tree; the streamed ones are. After streaming to the roots it
+The learner (`TreePush`, what the learner's publisher runs when `learner.relay_fanout` > 0). Same-host targets
+keep the shared-memory route and are never part of the tree; the others are. After streaming to the roots it
 asks the relayed targets' GetStatus until each serves the version, and pushes directly (with that target's
 own part of the tree, so the relay goes on below it) to a target whose parent failed its push, no longer
 answers, or finished relaying without it; at the deadline (`timeout_s` per level) it pushes to every target
@@ -27,7 +27,6 @@ learner's late-generator sync retries it.
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,9 +36,13 @@ from typing import TypeVar
 import grpc
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import WireTensor
-from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import ClientAccess
+from asyncrlhf.weights.codec import Snapshot
+from asyncrlhf.weights.pusher import PushOutcome, PushTarget, RelayPlan, WeightPusher
 from asyncrlhf.weights.receiver import PushResult
+from asyncrlhf.weights.routes import Unreachable
+from asyncrlhf.weights.vocabulary import Reason, Route
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,27 +76,19 @@ def layout(targets: Sequence[T], fanout: int) -> dict[T, tuple[T | None, list[T]
 
 
 class Relay:
-    """Forwards committed versions whose commit message names relay targets (the receiver side)."""
+    """Forwards committed versions whose commit message names relay targets (the receiver side), with
+    `pusher` (which takes no shared memory: a relay's children are on other hosts)."""
 
-    def __init__(self, token: str | None = None, *, credentials: grpc.ChannelCredentials | None = None,
-                 channel_options: Sequence[tuple[str, str]] = (), chunk_bytes: int = 4 << 20,
-                 timeout_s: float = 60.0, data_tls: ssl.SSLContext | None = None,
-                 data_server_name: str | None = None):
-        self.pusher = WeightPusher(token, chunk_bytes=chunk_bytes, dtype=None, timeout_s=timeout_s,
-                                   credentials=credentials, channel_options=channel_options, shm=False,
-                                   data_tls=data_tls, data_server_name=data_server_name)
+    def __init__(self, pusher: WeightPusher):
+        self.pusher = pusher
         self._active = 0  # relays announced (commit seen) and not yet finished
         self._lock = threading.Lock()
 
     @classmethod
     def from_config(cls, cfg) -> Relay:
         """The run's token and TLS client settings, learner.push_chunk_bytes and push_timeout_s."""
-        from asyncrlhf.weights.tls import channel_credentials, channel_options, client_ssl_context
-
-        tls = cfg.run.grpc_tls
-        return cls(cfg.run.token, credentials=channel_credentials(tls), channel_options=channel_options(tls),
-                   chunk_bytes=cfg.learner.push_chunk_bytes, timeout_s=cfg.learner.push_timeout_s,
-                   data_tls=client_ssl_context(tls), data_server_name=tls.server_name if tls else None)
+        return cls(relay_pusher(ClientAccess.from_config(cfg), cfg.learner.push_chunk_bytes,
+                                cfg.learner.push_timeout_s))
 
     @property
     def relaying(self) -> bool:
@@ -121,36 +116,41 @@ class Relay:
 
     def _forward(self, result: PushResult, targets: list[PushTarget], fanout: int,
                  done: Callable[[], None]) -> None:
+        push = result.snapshot
         try:
             branches = plan(targets, fanout)
-            outcomes = self.pusher.send(result.tensors, result.version, [root for root, _ in branches],
-                                        partial=result.partial, lineage=result.lineage,
-                                        relay=dict(branches), relay_fanout=fanout)
+            roots = [root for root, _ in branches]
+            outcomes = self.pusher.send(push, roots, RelayPlan(dict(branches), fanout))
             for o in outcomes:
                 if o.status != "ok":
-                    log.warning("relay of version %d (lineage %d) to %s (%s) %s: %s %s; the learner pushes "
-                                "to it directly", result.version, result.lineage, o.target.id,
-                                o.target.address, o.status, o.code, o.detail)
+                    log.warning("relay of version %s to %s (%s) %s: %s %s; the learner pushes to it directly",
+                                push.version, o.target.id, o.target.address, o.status, o.code, o.detail)
         except Exception:
-            log.exception("relay of version %d failed; the learner pushes to its targets directly",
-                          result.version)
+            log.exception("relay of version %s failed; the learner pushes to its targets directly",
+                          push.version)
         finally:
             done()
             self.abandon()
 
 
-def _serves(status: pb.GetStatusReply, lineage: int, version: int) -> bool:
-    return status.lineage > lineage or (status.lineage == lineage and status.version >= version)
+def relay_pusher(access: ClientAccess, chunk_bytes: int, timeout_s: float) -> WeightPusher:
+    """A relay's pusher: the bytes as verified (no cast), over data channels or the stream."""
+    return WeightPusher(access, chunk_bytes=chunk_bytes, dtype=None, timeout_s=timeout_s,
+                        routes=(Route.DATA, Route.STREAM))
+
+
+def _serves(status: pb.GetStatusReply, version: PolicyVersion) -> bool:
+    return not version.newer_than(PolicyVersion(status.lineage, status.version))
 
 
 class TreePush:
     """One version through the relay tree, from the learner's side: push to the roots, follow the relays,
     push directly where one failed. `run` returns one outcome per target, in order."""
 
-    def __init__(self, pusher: WeightPusher, tensors: Sequence[WireTensor], version: int, partial: bool,
-                 lineage: int):
-        self.pusher, self.tensors, self.version, self.lineage = pusher, tensors, version, lineage
-        self.partial, self.fanout = partial, pusher.relay_fanout
+    def __init__(self, pusher: WeightPusher, push: Snapshot, fanout: int):
+        if fanout < 1:
+            raise ValueError(f"relay fanout must be >= 1, got {fanout}")
+        self.pusher, self.push, self.fanout = pusher, push, fanout
         self.tree: dict[PushTarget, tuple[PushTarget | None, list[PushTarget]]] = {}
         self.outcomes: dict[PushTarget, PushOutcome] = {}
         self.pending: set[PushTarget] = set()  # relayed, neither served nor pushed to directly yet
@@ -159,10 +159,11 @@ class TreePush:
         self._start = time.perf_counter()
 
     def run(self, targets: Sequence[PushTarget]) -> list[PushOutcome]:
-        paths = self.pusher.paths(targets)
-        streamed = [t for t, p in zip(targets, paths, strict=True) if p in ("stream", "data")]  # other hosts
+        routes = self.pusher.probe(targets)
+        streamed = [t for t, r in zip(targets, routes, strict=True)  # other hosts
+                    if r in (Route.STREAM, Route.DATA)]
         self.tree = layout(streamed, self.fanout)
-        direct = [(t, p) for t, p in zip(targets, paths, strict=True) if self._parent(t) is None]
+        direct = [(t, r) for t, r in zip(targets, routes, strict=True) if self._parent(t) is None]
         self.pending = {t for t in streamed if self._parent(t) is not None}
         depth = max((self._depth(t) for t in streamed), default=0)
         deadline = time.monotonic() + self.pusher.timeout_s * (depth + 1)
@@ -188,11 +189,10 @@ class TreePush:
         parent = self._parent(target)
         return 1 if parent is None else 1 + self._depth(parent)
 
-    def _send(self, targets: list[PushTarget], paths: list[str] | None, relay: bool) -> list[PushOutcome]:
-        plan_ = {t: self.tree[t][1] for t in targets if t in self.tree} if relay else None
-        return self.pusher.send(self.tensors, self.version, targets, partial=self.partial,
-                                lineage=self.lineage, relay=plan_, relay_fanout=self.fanout if relay else 0,
-                                paths=paths)
+    def _send(self, targets: list[PushTarget], routes: list[Route | Unreachable] | None,
+              relay: bool) -> list[PushOutcome]:
+        below = {t: self.tree[t][1] for t in targets if t in self.tree} if relay else {}
+        return self.pusher.send(self.push, targets, RelayPlan(below, self.fanout if relay else 0), routes)
 
     def _push_directly(self, pool: ThreadPoolExecutor, targets: list[PushTarget], relay: bool = True) -> None:
         if targets:
@@ -205,15 +205,15 @@ class TreePush:
         for future in [f for f in self._sends if f.done()]:
             self._sends.remove(future)
             for o in future.result():
-                stale = o.code == "FAILED_PRECONDITION" and o.detail.startswith("stale_version")
-                if stale and self._parent(o.target) is not None and self._serving(o.target):
+                relayed = self._parent(o.target) is not None
+                if o.reason == Reason.STALE_VERSION and relayed and self._serving(o.target):
                     o = self._relayed(o.target)
                 self.outcomes[o.target] = o
 
     def _relayed(self, target: PushTarget) -> PushOutcome:
         parent = self._parent(target)
-        return PushOutcome(target, "ok", "OK", "", self.version, time.perf_counter() - self._start, 0,
-                           parent.id if parent is not None else "", path="relay")
+        return PushOutcome(target, "ok", "OK", "", self.push.version, time.perf_counter() - self._start, 0,
+                           parent.id if parent is not None else "", route=Route.RELAY)
 
     def _follow(self, pool: ThreadPoolExecutor, order: Sequence[PushTarget]) -> bool:
         """One round of GetStatus over the frontier: the pending targets whose parent committed, and those
@@ -231,13 +231,13 @@ class TreePush:
                              asker.map(self._status_or_none, [*frontier, *parents]), strict=True))
         for parent in parents:
             status = asked[parent]
-            if status is None or not _serves(status, self.lineage, self.version):
+            if status is None or not _serves(status, self.push.version):
                 orphans.update(t for t in frontier if self._parent(t) == parent)  # gone, or restarted
             elif not status.relaying:
                 self.quiet.add(parent)
         for target in frontier:
             status = asked[target]
-            if status is not None and _serves(status, self.lineage, self.version):
+            if status is not None and _serves(status, self.push.version):
                 self.pending.discard(target)
                 orphans.discard(target)
                 self.outcomes[target] = self._relayed(target)
@@ -248,7 +248,7 @@ class TreePush:
 
     def _serving(self, target: PushTarget) -> bool:
         status = self._status_or_none(target)
-        return status is not None and _serves(status, self.lineage, self.version)
+        return status is not None and _serves(status, self.push.version)
 
     def _status_or_none(self, target: PushTarget) -> pb.GetStatusReply | None:
         try:

@@ -1,57 +1,169 @@
-"""How a push reaches each generator, asked once per address: its shared memory, its data channel, or the
-gRPC byte stream (`Routes.path`), and what a failed route falls back to."""
+"""Routes: the one interface every way of moving a push's bytes implements, at both ends, and how the pusher
+picks one per generator.
+
+Every route keeps gRPC for the control of a push (each tensor's name, shape, dtype; the version; the commit)
+and for its refusals, so version order, auth and "a refused push keeps the old version serving" hold on each;
+routes differ only in where the tensor bytes travel. Like veRL's checkpoint engine, a route is a pair:
+
+- learner end, a `Sender`: `accepts` a generator by its GetStatus, and `begin`s a `Transfer` of one version
+  for the targets of one round (the version written or encoded once for all of them); the transfer's
+  `send_weights` makes one target's PushWeights call.
+- generator end, a `Source`: `claims` the messages of its route and gives each its `Payload`, the tensor's
+  bytes wherever the route put them, which the receiver copies (`copy_into`) or adopts in place (`lend`).
+
+A new route (a collective broadcast) is one more Sender/Source pair, a row in `FALLBACKS` if it has one, and
+a row in the route contract suite (tests/integration/weights/test_route_contract.py). The relay tree
+(`Route.RELAY`) is chosen by the learner's publisher: its bytes reach each generator over a route of the
+relaying generator's pusher.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
+import numpy as np
+import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.weights.access import UNREACHABLE, PushCall
+from asyncrlhf.weights.codec import Snapshot
+from asyncrlhf.weights.vocabulary import Reason, Route
 
-UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+class Transfer(Protocol):
+    """One version on one route, for the targets of one round."""
+
+    def send_weights(self, call: PushCall, address: str, commit: bytes) -> pb.PushReply:
+        """One target's push: the route's bytes and control messages, then `commit` (the serialized commit
+        message: it may carry that target's part of a relay tree); raises grpc.RpcError when refused, OSError
+        when the route's own connection cannot be made."""
+
+    def close(self) -> None:
+        """Every target's call has ended."""
+
+
+class Sender(Protocol):
+    """The learner end of a route."""
+
+    route: Route
+
+    def accepts(self, address: str, status: pb.GetStatusReply) -> bool:
+        """Whether the generator at `address`, which answered `status`, can take this route."""
+
+    def forget(self, address: str) -> None:
+        """`address` no longer takes this route (it fell back, or will be asked again)."""
+
+    def begin(self, push: Snapshot, targets: int) -> Transfer:
+        """Prepare `push` for `targets` targets of one round (0: targets that fell back to this route)."""
+
+    def close(self) -> None:
+        """Release what the sender holds across rounds."""
+
+
+class Lease(Protocol):
+    """A receiver's hold on bytes it adopts where they lie (a shared-memory segment's), released once no live
+    tensor views them and no relay reads them."""
+
+    name: str
+    reused: bool  # seen through a mapping kept from an earlier version: a failed checksum is read again
+
+    def populate(self, start: int, n: int) -> None: ...
+
+    def refreshed(self, start: int, n: int) -> memoryview: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class InPlaceBytes:
+    """A tensor's bytes to verify and adopt where they lie: `view`, at `start` of the `lease`'s bytes."""
+
+    view: memoryview
+    start: int
+    lease: Lease
+
+
+class Payload(Protocol):
+    """The bytes of one tensor message, wherever its route put them."""
+
+    nbytes: int
+
+    def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> int | None:
+        """Copy the bytes into `dst` (a uint8 array of `nbytes`), updating `digest` over them as stored;
+        the checksum they came with, or None (the message's own)."""
+
+    def lend(self) -> InPlaceBytes | None:
+        """The bytes where they lie, to verify and adopt with no copy, or None: copy them."""
+
+    def abort(self) -> None:
+        """The push is refused: stop a copy in progress."""
+
+
+class Source(Protocol):
+    """The generator end of a route, for one push."""
+
+    route: Route
+
+    def claims(self, header: pb.WeightChunk) -> bool:
+        """Whether this message's bytes came by this route."""
+
+    def payload(self, header: pb.WeightChunk, inline: memoryview) -> Payload:
+        """The message's bytes (`inline`: those inside the gRPC message)."""
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """What a push that failed on a route does: take route `to` now; `avoid`: keep off the failed route for
+    that generator from now on (else ask it again at the next push: a restart may have moved it)."""
+
+    to: Route
+    avoid: bool
+
+
+# (route, what failed: the receiver's refusal, or the route's own connection) -> what to do instead
+FALLBACKS: dict[tuple[Route, Reason | type[OSError]], Fallback] = {
+    (Route.SHM, Reason.SHM_UNAVAILABLE): Fallback(Route.STREAM, avoid=True),
+    (Route.DATA, Reason.CHANNEL_UNAVAILABLE): Fallback(Route.STREAM, avoid=True),
+    (Route.DATA, OSError): Fallback(Route.STREAM, avoid=False),
+}
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """A generator that did not answer GetStatus: the push would get no answer either."""
+
+    code: str  # the gRPC status code name
 
 
 class Routes:
-    """`get_status(address)` is the receiver's GetStatus; `shm_host` this host's shared memory ("": none);
-    `data_channel`: use the data channels receivers offer."""
+    """Which route each generator gets: the first of `senders` (in order of preference) that accepts it,
+    by its GetStatus, asked once per address; routes it fell back from are avoided from then on."""
 
-    def __init__(self, get_status: Callable[[str], pb.GetStatusReply], shm_host: str, data_channel: bool):
-        self._get_status, self.shm_host, self.data_channel = get_status, shm_host, data_channel
-        self._local: dict[str, bool] = {}  # address -> shares this host's shared memory
-        self._data_ports: dict[str, int] = {}  # address -> its data channel's port (0: none)
+    def __init__(self, senders: Sequence[Sender], get_status: Callable[[str], pb.GetStatusReply]):
+        self.senders = {s.route: s for s in senders}
+        self._get_status = get_status
+        self._status: dict[str, pb.GetStatusReply] = {}
+        self._avoid: dict[str, set[Route]] = {}
 
-    def path(self, address: str) -> str:
-        """"shm" (it shares this host's shared memory), "data" (it offers a data channel), "stream", or
-        "unreachable:<code>" (no answer to GetStatus: the push would get none)."""
-        if not self.shm_host and not self.data_channel:
-            return "stream"
-        if address not in self._local:
+    def route(self, address: str) -> Route | Unreachable:
+        if len(self.senders) == 1:
+            return next(iter(self.senders))
+        status = self._status.get(address)
+        if status is None:
             try:
-                status = self._get_status(address)
+                status = self._status[address] = self._get_status(address)
             except grpc.RpcError as err:
-                return f"unreachable:{err.code().name}" if err.code() in UNREACHABLE else "stream"
-            self._data_ports[address] = status.data_port if self.data_channel else 0
-            self._local[address] = bool(self.shm_host) and status.shm_host == self.shm_host
-        if self._local[address]:
-            return "shm"
-        return "data" if self._data_ports.get(address) else "stream"
+                return Unreachable(err.code().name) if err.code() in UNREACHABLE else Route.STREAM
+        avoid = self._avoid.get(address, set())
+        return next((route for route, sender in self.senders.items()
+                     if route not in avoid and sender.accepts(address, status)), Route.STREAM)
 
-    def data_port(self, address: str) -> int:
-        return self._data_ports.get(address, 0)
-
-    def local_receivers(self) -> int:
-        return sum(self._local.values())
-
-    def no_shm(self, address: str) -> None:
-        """It does not see our segments: stream to it from now on."""
-        self._local[address] = False
-
-    def no_data(self, address: str) -> None:
-        """It cannot pair our data connections: stream to it from now on."""
-        self._data_ports[address] = 0
-
-    def forget(self, address: str) -> None:
-        """Ask it again at the next push (its data channel could not be reached: did a restart move it?)."""
-        self._local.pop(address, None)
-        self._data_ports.pop(address, None)
+    def fall_back(self, address: str, failed: Route, fallback: Fallback) -> None:
+        self.senders[failed].forget(address)
+        if fallback.avoid:
+            self._avoid.setdefault(address, set()).add(failed)
+        else:
+            self._status.pop(address, None)

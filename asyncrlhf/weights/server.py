@@ -1,9 +1,9 @@
 """The WeightSync gRPC surface: the servicer mapping proto <-> `WeightReceiver`, token auth, and `serve`.
 
 Every refusal, a rejected push or a missing token, becomes a gRPC status in one place (`_abort`, through
-`_STATUS`). PushWeights decodes its requests with `codec.decode_chunk`, so tensor bytes reach the receiver
-as views of the received buffers. The method path, the auth metadata key and the channel options are
-shared with the pusher.
+`STATUS`): the code, a detail that starts with the reason, and the `Reason` in the trailing metadata
+(`vocabulary.REASON_KEY`). PushWeights decodes its requests with `codec.decode_chunk`, so tensor bytes reach
+the receiver as views of the received buffers. Token, TLS and the bind rule come from one `ServerAccess`.
 
 A push whose commit message names relay targets is forwarded by the server's `Relay` (`relay.py`) once it is
 committed: the servicer holds the receiver (so its bytes stay as committed) from the moment it sees that
@@ -32,63 +32,58 @@ from grpc_reflection.v1alpha import reflection
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.service import is_loopback
-from asyncrlhf.weights.channel import DataListener, Session
-from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, decode_chunk
-from asyncrlhf.weights.receiver import PushRejected, Reason, WeightReceiver
+from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE, ServerAccess
+from asyncrlhf.weights.codec import decode_chunk
+from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.shm import shm_host
+from asyncrlhf.weights.vocabulary import REASON_KEY, PushRejected, Reason
 
-if TYPE_CHECKING:  # relay.py pushes, through pusher.py, which imports this module
+if TYPE_CHECKING:
     from asyncrlhf.weights.relay import Relay
 
 log = logging.getLogger(__name__)
-AUTH_METADATA_KEY = "authorization"
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES + (1 << 20)),
-]
-SERVICE = pb.DESCRIPTOR.services_by_name["WeightSync"].full_name
 # Answered without a token: what probes and service browsers call.
 OPEN_METHOD_PREFIXES = (f"/{health.SERVICE_NAME}/", f"/{reflection.SERVICE_NAME}/",
                         "/grpc.reflection.v1.ServerReflection/")
 _SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
-_STATUS: dict[Reason, grpc.StatusCode] = {
-    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
-    "stale_version": grpc.StatusCode.FAILED_PRECONDITION,
-    "stale_lineage": grpc.StatusCode.FAILED_PRECONDITION,
-    "unknown_tensor": grpc.StatusCode.NOT_FOUND,
-    "shape_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
-    "dtype_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
-    "bad_offset": grpc.StatusCode.INVALID_ARGUMENT,
-    "duplicate_tensor": grpc.StatusCode.INVALID_ARGUMENT,
-    "tensor_count": grpc.StatusCode.INVALID_ARGUMENT,
-    "missing_tensors": grpc.StatusCode.INVALID_ARGUMENT,
-    "bad_checksum": grpc.StatusCode.DATA_LOSS,
-    "truncated": grpc.StatusCode.DATA_LOSS,
-    "shm_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
-    "channel_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
+STATUS: dict[Reason, grpc.StatusCode] = {
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.STALE_VERSION: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.STALE_LINEAGE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.UNKNOWN_TENSOR: grpc.StatusCode.NOT_FOUND,
+    Reason.SHAPE_MISMATCH: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.DTYPE_MISMATCH: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.BAD_OFFSET: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.DUPLICATE_TENSOR: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.TENSOR_COUNT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.MISSING_TENSORS: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.BAD_CHECKSUM: grpc.StatusCode.DATA_LOSS,
+    Reason.TRUNCATED: grpc.StatusCode.DATA_LOSS,
+    Reason.SHM_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.CHANNEL_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
 def _abort(context: grpc.ServicerContext, refusal: PushRejected) -> None:
-    """End the call (`abort` raises) with the status code of the refusal's reason; the details start with
-    the reason."""
-    context.abort(_STATUS[refusal.reason], str(refusal))
+    """End the call (`abort` raises) with the status code of the refusal's reason, details that start with
+    the reason, and the reason in the trailing metadata."""
+    context.set_trailing_metadata(((REASON_KEY, refusal.reason.value),))
+    context.abort(STATUS[refusal.reason], str(refusal))
 
 
 class WeightSyncServicer(pb_grpc.WeightSyncServicer):
     """Maps the WeightSync RPCs onto a `WeightReceiver` (and its `Relay`, if any)."""
 
     def __init__(self, receiver: WeightReceiver, health_servicer: health.HealthServicer | None = None,
-                 relay: Relay | None = None, data: DataListener | None = None):
-        self.receiver, self.health, self.relay, self.data = receiver, health_servicer, relay, data
+                 relay: Relay | None = None):
+        self.receiver, self.health, self.relay = receiver, health_servicer, relay
 
     def PushWeights(self, request_iterator: Iterator[tuple[pb.WeightChunk, memoryview]],
                     context: grpc.ServicerContext) -> pb.PushReply:
         asked: list[pb.WeightChunk] = []  # the commit message, when it asks for a relay this server does
         try:
-            with Session(self.data) as session:  # the push's data connection, if it names one
-                result = self.receiver.receive(session.resolve(self._watch(request_iterator, asked)))
+            result = self.receiver.receive(self._watch(request_iterator, asked))
         except PushRejected as err:
             self._unwatch(asked)
             _abort(context, err)
@@ -99,8 +94,9 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
             self.relay.start(result, asked[0], self.receiver.release)
         if self.health is not None:
             self.health.set("", _SERVING)  # a version is live: ready
-        return pb.PushReply(version=result.version, tensor_count=result.tensor_count, bytes=result.bytes,
-                            apply_seconds=result.apply_seconds, lineage=result.lineage)
+        version = result.snapshot.version
+        return pb.PushReply(version=version.step, tensor_count=len(result.snapshot.tensors),
+                            bytes=result.bytes, apply_seconds=result.apply_seconds, lineage=version.lineage)
 
     def _watch(self, messages: Iterator[tuple[pb.WeightChunk, memoryview]],
                asked: list[pb.WeightChunk]) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
@@ -125,11 +121,11 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
             self.relay.abandon()
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
-        status = self.receiver.status()
-        return pb.GetStatusReply(version=status.version, updated_at=status.updated_at,
-                                 tensor_count=status.tensor_count, lineage=status.lineage,
+        status, data = self.receiver.status(), self.receiver.data
+        return pb.GetStatusReply(version=status.version.step, updated_at=status.updated_at,
+                                 tensor_count=status.tensor_count, lineage=status.version.lineage,
                                  shm_host=shm_host(), relaying=self.relay is not None and self.relay.relaying,
-                                 data_port=self.data.port if self.data is not None else 0)
+                                 data_port=data.port if data is not None else 0)
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
@@ -145,7 +141,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         if hmac.compare_digest(str(sent).encode(), self._expected):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
-        refusal = PushRejected("unauthenticated",
+        refusal = PushRejected(Reason.UNAUTHENTICATED,
                                "missing or wrong token (set run.token or ASYNCRLHF_TOKEN on both sides)")
 
         def deny(_request, context):
@@ -161,40 +157,33 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
             grpc.unary_stream_rpc_method_handler(deny)
 
 
-def serve(
-    receiver: WeightReceiver,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
-    *,
-    allow_insecure_bind: bool = False,
-    max_workers: int = 4,
-    credentials: grpc.ServerCredentials | None = None,
-    relay: Relay | None = None,
-    data: DataListener | None = None,
-) -> tuple[grpc.Server, int]:
-    """Start a WeightSync server for `receiver` (TLS with `credentials`); returns the server and its port.
-    With `relay` it forwards the versions whose pushes ask for it; with `data` it offers that data channel
-    (`channel.py`; beside TLS `credentials` only a TLS one, which it would otherwise bypass). The caller
-    closes both."""
-    if data is not None and credentials is not None and data.tls is None:
+def serve(receiver: WeightReceiver, host: str = "127.0.0.1", port: int = 0,
+          access: ServerAccess | None = None, *, relay: Relay | None = None, max_workers: int = 4,
+          ) -> tuple[grpc.Server, int]:
+    """Start a WeightSync server for `receiver` with `access` (token, TLS); returns the server and its port.
+    With `relay` it forwards the versions whose pushes ask for it; the receiver's data channel, if any, is
+    offered in GetStatus (beside TLS only a TLS one, which it would otherwise bypass). The caller closes
+    both."""
+    access = access or ServerAccess()
+    data = receiver.data
+    if data is not None and access.credentials is not None and data.tls is None:
         raise ValueError("a plaintext weight data channel beside TLS credentials would bypass them: give the "
-                         "DataListener the server's ssl context (tls.server_ssl_context)")
-    if token is None and not allow_insecure_bind and not is_loopback(host):
+                         "DataListener the server's ssl context (ServerAccess.data_tls)")
+    if access.token is None and not access.allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")
-    interceptors = [TokenAuthInterceptor(token)] if token else []
+    interceptors = [TokenAuthInterceptor(access.token)] if access.token else []
     server = grpc.server(ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors,
                          options=GRPC_OPTIONS)
     health_servicer = health.HealthServicer()
     health_servicer.set(SERVICE, _SERVING)
-    health_servicer.set("", _SERVING if receiver.status().version else _NOT_SERVING)
+    health_servicer.set("", _SERVING if receiver.status().version.step else _NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    add_to_server(WeightSyncServicer(receiver, health_servicer, relay, data), server)
-    address = f"{host}:{port}"  # with `credentials` (asyncrlhf.weights.tls): TLS only, never also plaintext
-    if credentials is not None:
-        bound = server.add_secure_port(address, credentials)
+    add_to_server(WeightSyncServicer(receiver, health_servicer, relay), server)
+    address = f"{host}:{port}"  # with TLS credentials: TLS only, never also plaintext
+    if access.credentials is not None:
+        bound = server.add_secure_port(address, access.credentials)
     else:
         bound = server.add_insecure_port(address)
     if bound == 0:

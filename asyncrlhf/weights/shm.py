@@ -1,38 +1,16 @@
-"""The same-host data plane: a push's bytes through shared-memory segments, written once per version and
-adopted in place by every local receiver.
+"""The shared-memory route (`Route.SHM`), learner end: a push's bytes through segments in /dev/shm, written
+once per version and adopted in place by every receiver on the learner's host (`shm_read` is the generator
+end). gRPC carries one control message per tensor (name, dtype, shape, checksum, its place in the segment)
+and the commit.
 
-When a receiver sees the pusher's shared memory (`shm_host()` equal on both sides: the same boot and the same
-/dev/shm mount), gRPC carries only the control of a push — one WeightChunk per tensor with its name, dtype,
-shape, checksum and place in the segment (`shm_segment`, `shm_offset`), then the commit — and the bytes go
-through a file in /dev/shm that the pusher writes once per version for all its local receivers:
-
-    pusher (this module)                             each local receiver (`shm_read`)
-    SegmentPool.claim: a segment no receiver holds   Lease: map the segment privately; per tensor, read-lock
-    ShmPublication: write tensor i, unlock it, then    its bytes, hash them where they lie (XXH3-64), and view
-      release its control message -- gRPC -------->    them as the tensor: no copy; swap on commit; the live
-    finish(), after every local push ends               model keeps the lock for as long as it uses the bytes
-
-The locks are open-file-description byte-range locks (`F_OFD_SETLK`): a receiver read-locks each tensor's
-bytes before it hashes them and holds the lock while its live tensors are views of them; the pusher
-write-locks a whole segment before rewriting it (`claim`), which fails while any receiver holds any of it,
-and unlocks each tensor's bytes once written. So verified bytes never change under a live model, and a
-receiver reading a segment that a newer version is overwriting is refused (`stale_version`) and keeps its
-version. The kernel drops a process's locks when it dies, however it dies: a killed generator holds nothing.
-Versions therefore alternate between two segments (one more per receiver that still serves an older one);
-segments are rewritten, never made per version (a fresh tmpfs file writes about ten times slower than a
-rewrite, measured here: page allocation), and each receiver keeps its mapping of a segment from version to
-version (`shm_read.SegmentMaps`). The receiver's private mapping means a write into a live view (a tensor
-copied into its storage) copies that page for the receiver and never reaches the segment.
-
-Guarantees are those of the byte stream: staged, verified, atomic swap; a rejected push leaves the old
-version serving; nothing is unpickled. The pusher's segments (`SegmentPool`) live as long as it does; a
-pusher killed before closing them leaves files whose liveness lock (`flock`) is gone, which `sweep_stale`
-(run by every new pusher: the restarted learner) removes — a receiver still serving from one keeps its
-mapping until it moves on.
-
-A GPU backend slots in at the same two points (docs/weights.md): a publication whose control messages name
-a CUDA IPC handle (or an NCCL broadcast round) instead of a file, and a reader that resolves them to device
-memory; the receiver's verification and swap stay as they are.
+The segments are rewritten version after version rather than made per version (a fresh tmpfs file allocates
+its pages on every write); versions alternate between them. Open-file-description byte-range locks guard
+them: a receiver read-locks each tensor's bytes before verifying them and keeps the lock while its live
+tensors view them; the pusher write-locks a whole segment before rewriting it (`claim`), which fails while
+any receiver holds any of it. So verified bytes never change under a live model, a receiver reading a
+segment a newer version is overwriting refuses (`stale_version`), and a killed process holds nothing (the
+kernel drops its locks). A pusher killed before closing its segments leaves files whose liveness `flock` is
+gone, which the next pusher removes (`sweep_stale`). docs/weights.md has the design and its measurements.
 """
 
 from __future__ import annotations
@@ -45,15 +23,16 @@ import re
 import secrets
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import WireTensor, copy_hashed
+from asyncrlhf.weights.access import PushCall
+from asyncrlhf.weights.codec import Snapshot, WireTensor, copy_hashed, tensor_header
+from asyncrlhf.weights.vocabulary import Route
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "asyncrlhf-w-"
@@ -197,8 +176,7 @@ class SegmentPool:
     receiver moving to each version, two alternate; one more is made while some receiver still serves from
     both. `trim` closes the idle ones beyond `keep`: each local receiver serves from at most one segment, so
     a pusher that knows G of them keeps G + 1, and a version that some receiver skipped (it was pushed to the
-    others) finds a segment to go into instead of a new one: a fresh tmpfs file writes about ten times slower
-    than a rewrite."""
+    others) finds a segment to go into instead of a new one rather than a fresh file."""
 
     def __init__(self, keep: int = 2, directory: Path = SHM_DIR):
         self.keep, self.directory = keep, directory
@@ -239,19 +217,20 @@ class SegmentPool:
 
 class ShmPublication:
     """One version's tensors written into a claimed `segment` tensor by tensor by a background thread, each
-    hashed (XXH3-64) as written, from the segment, while in cache, then unlocked for receivers; `control(i)`
-    (blocking until tensor i is written) is the message that hands it to a receiver. `finish` once every local
-    push of the version has ended, before the segment is claimed again or closed."""
+    hashed (XXH3-64) as written, from the segment, while in cache (a tensor whose checksum is known, one a
+    relay verified, keeps it), then unlocked for receivers; `control(i)` (blocking until tensor i is written)
+    is the message that hands it to a receiver. `finish` once every local push of the version has ended,
+    before the segment is claimed again or closed."""
 
-    def __init__(self, tensors: Sequence[WireTensor], version: int, segment: ShmSegment, lineage: int = 0):
-        self.tensors, self.version, self.segment, self.lineage = tensors, version, segment, lineage
-        self.offsets, size = layout(tensors)
+    def __init__(self, push: Snapshot, segment: ShmSegment):
+        self.push, self.tensors, self.segment = push, push.tensors, segment
+        self.offsets, size = layout(self.tensors)
         if size > segment.size:
             raise ValueError(f"segment {segment.name} holds {segment.size} bytes; this version needs {size}")
         self.name = segment.name
         self._map = segment.map
-        self._checksums = [0] * len(tensors)
-        self._written = [threading.Event() for _ in tensors]
+        self._checksums = [0] * len(self.tensors)
+        self._written = [threading.Event() for _ in self.tensors]
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_all, name="weight-shm-write", daemon=True)
         self._writer.start()
@@ -262,9 +241,7 @@ class ShmPublication:
             for i, t in enumerate(self.tensors):
                 start, n = self.offsets[i], t.data.nbytes
                 if n:
-                    digest = xxhash.xxh3_64()
-                    copy_hashed(whole[start:start + n], t.data, digest)
-                    self._checksums[i] = digest.intdigest()
+                    self._checksums[i] = _write(whole[start:start + n], t)
                     self.segment.unlock(start, _padded(n))
                 self._written[i].set()
             del whole
@@ -281,12 +258,83 @@ class ShmPublication:
             raise TimeoutError(f"shared-memory segment {self.name}: tensor {i} not written in {timeout_s} s")
         if self._error is not None:
             raise RuntimeError(f"writing shared-memory segment {self.name} failed: {self._error}")
-        t = self.tensors[i]
-        dtype: Any = t.dtype  # a pb.DType value
-        return pb.WeightChunk(version=self.version, lineage=self.lineage, name=t.name, dtype=dtype,
-                              shape=t.shape, offset=0,
-                              checksum=self._checksums[i], shm_segment=self.name,
-                              shm_offset=self.offsets[i])
+        return tensor_header(self.push.version, self.tensors[i], checksum=self._checksums[i],
+                             shm_segment=self.name, shm_offset=self.offsets[i])
 
     def finish(self) -> None:
         self._writer.join()
+
+
+def _write(dst: np.ndarray, t: WireTensor) -> int:
+    """dst[:] = t's bytes; their checksum: t's own if known, else XXH3-64 of the bytes as written."""
+    if t.checksum is not None:
+        dst[:] = np.frombuffer(t.data, dtype=np.uint8)
+        return t.checksum
+    digest = xxhash.xxh3_64()
+    copy_hashed(dst, t.data, digest)
+    return digest.intdigest()
+
+
+class ShmTransfer:
+    """One version in a segment for the local targets of a round; the sender's segment lock is held until
+    `close`: one version in the segments at a time."""
+
+    def __init__(self, sender: ShmSender, publication: ShmPublication):
+        self.sender, self.publication = sender, publication
+
+    def requests(self, commit: bytes) -> Iterator[bytes]:
+        """Each tensor's control message as its bytes land in the segment, then `commit`."""
+        for i in range(len(self.publication.tensors)):
+            yield self.publication.control(i, self.sender.timeout_s).SerializeToString()
+        yield commit
+
+    def send_weights(self, call: PushCall, address: str, commit: bytes) -> pb.PushReply:
+        return call(self.requests(commit))
+
+    def close(self) -> None:
+        self.publication.finish()
+        self.sender.done(self.publication.segment)
+
+
+class ShmSender:
+    """The learner end of `Route.SHM`: generators whose GetStatus names this host's shared memory
+    (`shm_host`); its segments live as long as it does."""
+
+    route = Route.SHM
+
+    def __init__(self, timeout_s: float, host: str | None = None):
+        self.timeout_s = timeout_s
+        self.host = shm_host() if host is None else host
+        self._pool = SegmentPool()  # rewritten in place, each once no receiver holds it
+        self._lock = threading.Lock()
+        self._local: set[str] = set()  # addresses that take this route
+        if self.host:
+            sweep_stale()  # segments of a pusher that was killed mid-push
+
+    def accepts(self, address: str, status: pb.GetStatusReply) -> bool:
+        if self.host and status.shm_host == self.host:
+            self._local.add(address)
+            return True
+        return False
+
+    def forget(self, address: str) -> None:
+        self._local.discard(address)
+
+    def begin(self, push: Snapshot, targets: int) -> ShmTransfer:
+        """Write `push` into a segment no local receiver holds (`SegmentPool.claim`)."""
+        self._lock.acquire()
+        try:
+            return ShmTransfer(self, ShmPublication(push, self._pool.claim(layout(push.tensors)[1])))
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def done(self, segment: ShmSegment) -> None:
+        try:
+            self._pool.trim(segment, receivers=len(self._local))
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._pool.close()  # no segment outlives its pusher

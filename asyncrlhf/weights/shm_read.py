@@ -1,5 +1,6 @@
-"""The receiver's side of the same-host data plane (`shm.py` has the pusher's and the design): the segments a
-push names, opened, locked tensor by tensor and seen through mappings kept across pushes.
+"""The shared-memory route (`Route.SHM`), generator end (`shm.py` has the learner's and the design): the
+segments a push names, opened, locked tensor by tensor and seen through mappings kept across pushes, their
+bytes lent to the receiver to verify and adopt in place.
 """
 
 from __future__ import annotations
@@ -8,37 +9,32 @@ import fcntl
 import mmap
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+import xxhash
+
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import FROM_WIRE
+from asyncrlhf.weights.codec import copy_hashed, nbytes_of
+from asyncrlhf.weights.routes import InPlaceBytes, Lease
 from asyncrlhf.weights.shm import SEGMENT_NAME, SHM_DIR, range_lock
-from asyncrlhf.weights.staging import ChunkData, PushRejected
+from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 _PAGE = mmap.PAGESIZE
 _POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14: map a range's pages in one call
 
 
-def _nbytes(header: pb.WeightChunk) -> int:
-    dtype = FROM_WIRE.get(header.dtype)
-    itemsize = dtype.itemsize if dtype is not None else 0
-    count = 1
-    for d in header.shape:
-        count *= d
-    return count * itemsize
-
-
 class SegmentMaps:
     """A receiver's private mappings of the segments it has read, kept across pushes: the pusher rewrites the
-    same two segments version after version, and mapping 100 MB of a segment in costs about as much as
-    hashing it (25-35 ms for 400 MB here), so a mapping made once serves every later version written there.
+    same two segments version after version, and mapping a segment in costs about as much as hashing it
+    (docs/weights.md), so a mapping made once serves every later version written there.
 
     A private mapping shows the file's current bytes on every page this process has not written; a page a
     live view wrote into (`swap_in` copying into an adopted tensor) keeps the receiver's copy, so a version
     read through a reused mapping that fails its checksum is read again through a fresh one (`fresh`). Each
     mapping is made from an open file description of its own that is never locked: a mapping keeps its
-    description open, so a lock taken on it would outlive the lease (`Lease`). A mapping whose file was
+    description open, so a lock taken on it would outlive the lease (`SegmentLease`). A mapping whose file was
     removed (the pusher trimmed or closed the segment) is dropped at the next push (`prune`)."""
 
     def __init__(self, directory: Path = SHM_DIR):
@@ -98,7 +94,7 @@ class SegmentMaps:
             self._drop(name)
 
 
-class Lease:
+class SegmentLease:
     """A receiver's hold on one segment for one version: a read lock on the bytes of each tensor it takes
     from it (`take`), which the pusher cannot claim past, and views of them through the receiver's mapping
     (`SegmentMaps`). Held for one push, and past it for as long as live tensors are views of those bytes;
@@ -122,13 +118,13 @@ class Lease:
     def take(self, header: pb.WeightChunk) -> memoryview:
         """Lock the bytes `header` names and return a view of them (mapped in, not yet read)."""
 
-        start, n = header.shm_offset, _nbytes(header)
+        start, n = header.shm_offset, nbytes_of(header)
         if header.offset != 0 or len(header.data) or start + n > len(self.view):
-            raise PushRejected("bad_offset", f"`{header.name}`: bytes {start}..{start + n} are not within "
-                                             f"segment {self.name} ({len(self.view)} bytes)")
+            raise PushRejected(Reason.BAD_OFFSET, f"`{header.name}`: bytes {start}..{start + n} are not "
+                                                  f"within segment {self.name} ({len(self.view)} bytes)")
         if n and not range_lock(self._fd, fcntl.F_RDLCK, start, n):
-            raise PushRejected("stale_version", f"`{header.name}`: segment {self.name} is being rewritten "
-                                                "with a newer version")
+            raise PushRejected(Reason.STALE_VERSION, f"`{header.name}`: segment {self.name} is being "
+                                                     "rewritten with a newer version")
         return self.view[start:start + n]
 
     def populate(self, start: int, n: int) -> None:
@@ -145,53 +141,67 @@ class Lease:
         self._close()  # closing the file drops every lock of this lease; the mapping stays with `maps`
 
 
-class SegmentReader:
-    """The receiver's side of one push: opens the segments it names (`Lease`s) and resolves each
-    shared-memory control message to a locked view of its tensor's bytes. Use as a context manager around
-    the push; on exit, every lease not `keep`-ed is released. `maps`: the receiver's mappings, kept across
-    pushes."""
+class Mapped:
+    """One tensor's bytes in a segment (a `Payload`), lent to the receiver to verify and adopt in place."""
+
+    def __init__(self, lent: InPlaceBytes):
+        self.lent, self.nbytes = lent, len(lent.view)
+
+    def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> None:
+        copy_hashed(dst, self.lent.view, digest)
+
+    def lend(self) -> InPlaceBytes:
+        return self.lent
+
+    def abort(self) -> None:
+        """Nothing to stop: the bytes are in the segment."""
+
+
+class ShmSource:
+    """The generator end of `Route.SHM` for one push: opens the segments its messages name (leases) and
+    lends each tensor's locked bytes. Use as a context manager around the push; on exit, every lease not
+    `keep`-ed is released. `maps`: the receiver's mappings, kept across pushes."""
+
+    route = Route.SHM
 
     def __init__(self, maps: SegmentMaps | None = None):
         self.maps = maps if maps is not None else SegmentMaps()
         self.directory = self.maps.directory
-        self.leases: dict[str, Lease] = {}
+        self.leases: dict[str, SegmentLease] = {}
         self._kept: set[int] = set()
 
-    def resolve(self, messages: Iterable[tuple[pb.WeightChunk, ChunkData]]
-                ) -> Iterator[tuple[pb.WeightChunk, ChunkData]]:
-        """Pass byte-stream messages through; give a shared-memory one its bytes from the segment."""
-        for header, data in messages:
-            if header.shm_segment:
-                lease = self.leases.get(header.shm_segment)
-                if lease is None:
-                    lease = self.leases[header.shm_segment] = self._open(header.shm_segment)
-                yield header, lease.take(header)
-            else:
-                yield header, data
+    def claims(self, header: pb.WeightChunk) -> bool:
+        return bool(header.shm_segment)
+
+    def payload(self, header: pb.WeightChunk, inline: memoryview) -> Mapped:
+        lease = self.leases.get(header.shm_segment)
+        if lease is None:
+            lease = self.leases[header.shm_segment] = self._open(header.shm_segment)
+        return Mapped(InPlaceBytes(lease.take(header), header.shm_offset, lease))
 
     def keep(self, lease: Lease) -> None:
         """The caller holds `lease` from now on (its live tensors view the segment) and releases it."""
         self._kept.add(id(lease))
 
-    def _open(self, name: str) -> Lease:
-
+    def _open(self, name: str) -> SegmentLease:
         if not SEGMENT_NAME.match(name):
-            raise PushRejected("shm_unavailable", f"`{name}` is not a WeightSync segment name")
+            raise PushRejected(Reason.SHM_UNAVAILABLE, f"`{name}` is not a WeightSync segment name")
         try:
             fd = os.open(self.directory / name, os.O_RDONLY)
         except OSError as err:
-            raise PushRejected("shm_unavailable", f"cannot open shared-memory segment {name}: {err}; "
-                                                  "the pusher falls back to the byte stream") from err
+            raise PushRejected(Reason.SHM_UNAVAILABLE, f"cannot open shared-memory segment {name}: {err}; "
+                                                       "the pusher falls back to the byte stream") from err
         try:
-            return Lease(name, fd, self.maps)
+            return SegmentLease(name, fd, self.maps)
         except BaseException as err:
             os.close(fd)
             if isinstance(err, OSError):
-                raise PushRejected("shm_unavailable", f"cannot map shared-memory segment {name}: {err}; "
-                                                      "the pusher falls back to the byte stream") from err
+                raise PushRejected(Reason.SHM_UNAVAILABLE, f"cannot map shared-memory segment {name}: "
+                                                           f"{err}; the pusher falls back to the byte stream"
+                                   ) from err
             raise
 
-    def __enter__(self) -> SegmentReader:
+    def __enter__(self) -> ShmSource:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,89 +1,60 @@
-"""A push's tensors, staged and verified one by one for `WeightReceiver`: copied from the byte stream into the
-receiver's buffers (`Staging`), or verified where they lie in a same-host segment (`InPlace`); and the one
-exception every refusal raises (`PushRejected`, with its `Reason`).
+"""A push's tensors, staged and verified one by one for `WeightReceiver`: copied from wherever their route put
+them into the receiver's buffers (`Staging`), or verified where they lie (`InPlace`: a same-host segment).
+Both read bytes only through a route's `Payload`.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor, copy_hashed
-
-if TYPE_CHECKING:
-    from asyncrlhf.weights.channel import Incoming
-    from asyncrlhf.weights.shm_read import Lease
-
-# A message's tensor bytes: a view of them (byte stream, segment), or the push's data connection they come on.
-ChunkData: TypeAlias = "memoryview | Incoming"
-
-Reason = Literal[
-    "unauthenticated", "stale_version", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "bad_offset",
-    "duplicate_tensor", "bad_checksum", "truncated", "tensor_count", "missing_tensors", "stale_lineage",
-    "shm_unavailable", "channel_unavailable",
-]
-
-
-class PushRejected(Exception):
-    """A push the receiver refuses; nothing live was changed."""
-
-    def __init__(self, reason: Reason, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
+from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor
+from asyncrlhf.weights.routes import InPlaceBytes, Lease, Payload
+from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 
 class Staging:
     """One tensor being received: a byte buffer filled in order, with a running checksum. Offsets are
     checked at once; the copy and the checksum run on `worker` (one thread, so in order) while the gRPC
-    thread waits for the next chunk. `wait` before reading the buffer or reusing it. A tensor of a
-    data-channel push is one message whose bytes come from the push's connection (`channel.Incoming`),
-    read on `worker` straight into the buffer."""
+    thread waits for the next message. `wait` before reading the buffer or reusing it."""
 
     def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
         self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
         self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
         self.nbytes, self.filled, self.digest = buffer.numel(), 0, xxhash.xxh3_64()
         self.checksum: int | None = None
+        self.lease: Lease | None = None  # the bytes are the receiver's own
         self._pending: Future | None = None
-        self._incoming: Incoming | None = None
+        self._payload: Payload | None = None
 
-    def add(self, header: pb.WeightChunk, data: ChunkData) -> None:
-        if not isinstance(data, memoryview):
-            if self.filled:
-                raise PushRejected("bad_offset", f"`{self.name}`: a data-channel tensor is one control "
-                                                 "message")
-            self._incoming = data
-            self._pending = self._worker.submit(self._receive, data)
-            self.filled = self.nbytes
-            return
-        end = self.filled + len(data)
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        end = self.filled + payload.nbytes
         if header.offset != self.filled or end > self.nbytes:
-            where = f"chunk at byte {header.offset} (+{len(data)}) after {self.filled} of {self.nbytes} bytes"
-            raise PushRejected("bad_offset", f"`{self.name}`: {where}; send chunks in order")
-        self._pending = self._worker.submit(self._absorb, self.filled, end, data)
-        self.filled = end
+            where = (f"bytes at {header.offset} (+{payload.nbytes}) after {self.filled} of {self.nbytes} "
+                     "bytes")
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: {where}; send a tensor's bytes in order")
         if end == self.nbytes:
-            self.checksum = header.checksum
+            self.checksum = header.checksum  # unless the payload carries its own
+        self._payload = payload
+        self._pending = self._worker.submit(self._absorb, self.filled, end, payload)
+        self.filled = end
 
-    def _absorb(self, start: int, end: int, data: memoryview) -> None:
-        copy_hashed(self._view[start:end], data, self.digest)
-
-    def _receive(self, incoming: Incoming) -> None:
-        written = memoryview(self._view)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
-        self.checksum = incoming.receive_into(written, self.digest, self.name)
+    def _absorb(self, start: int, end: int, payload: Payload) -> None:
+        carried = payload.copy_into(self._view[start:end], self.digest)
+        if carried is not None:
+            self.checksum = carried
 
     def wait(self) -> None:
         if self._pending is not None:
             self._pending.result()
 
     def abort(self) -> None:
-        """The push is refused: stop a read from the data channel (`wait` then returns soon)."""
-        if self._incoming is not None:
-            self._incoming.abort()
+        """The push is refused: stop a copy in progress (`wait` then returns soon)."""
+        if self._payload is not None:
+            self._payload.abort()
 
     def wire(self) -> WireTensor:
         """The verified tensor as it came over the wire, with its checksum (after `finish`)."""
@@ -98,39 +69,40 @@ class Staging:
 
 def _verify(name: str, filled: int, nbytes: int, digest: xxhash.xxh3_64, checksum: int | None) -> None:
     if filled != nbytes or checksum is None:
-        raise PushRejected("truncated", f"`{name}`: got {filled} of {nbytes} bytes")
+        raise PushRejected(Reason.TRUNCATED, f"`{name}`: got {filled} of {nbytes} bytes")
     got = digest.intdigest()
     if got != checksum:
-        raise PushRejected("bad_checksum", f"`{name}`: XXH3-64 {got:#018x}, expected {checksum:#018x}")
+        raise PushRejected(Reason.BAD_CHECKSUM, f"`{name}`: XXH3-64 {got:#018x}, expected {checksum:#018x}")
 
 
 class InPlace:
-    """One tensor of a same-host push, verified where it lies: a view of its bytes in the pusher's segment,
-    read-locked (`shm_read.Lease`: the pusher cannot rewrite them while this receiver holds the lease), its
-    pages mapped in and hashed on `worker`. The staged tensor is that view: no copy. `Staging`'s interface.
-    Read through a mapping kept from an earlier version, bytes that fail the checksum are read once more
-    through a fresh mapping (a page of the kept one may hold this process's own write)."""
+    """One tensor verified where it lies: a view of its bytes (in a same-host segment, read-locked by its
+    `Lease`: the pusher cannot rewrite them while this receiver holds it), its pages mapped in and hashed on
+    `worker`. The staged tensor is that view: no copy. `Staging`'s interface. Read through a mapping kept
+    from an earlier version, bytes that fail the checksum are read once more through a fresh mapping (a page
+    of the kept one may hold this process's own write)."""
 
-    def __init__(self, header: pb.WeightChunk, nbytes: int, lease: Lease, worker: ThreadPoolExecutor):
+    def __init__(self, header: pb.WeightChunk, nbytes: int, lent: InPlaceBytes, worker: ThreadPoolExecutor):
         self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
-        self.nbytes, self.lease, self._worker = nbytes, lease, worker
+        self.nbytes, self._worker = nbytes, worker
+        self.lease: Lease = lent.lease  # held while live tensors view the bytes
         self.filled, self.digest = 0, xxhash.xxh3_64()
         self.checksum: int | None = None
-        self._data = memoryview(b"")
+        self._data, self._start = lent.view, lent.start
         self._pending: Future | None = None
 
-    def add(self, header: pb.WeightChunk, data: ChunkData) -> None:
-        if self.filled or not isinstance(data, memoryview) or len(data) != self.nbytes:
-            raise PushRejected("bad_offset", f"`{self.name}`: a same-host tensor is one control message "
-                                             f"naming all its {self.nbytes} bytes")
-        self._data, self.filled, self.checksum = data, len(data), header.checksum
-        self._pending = self._worker.submit(self._hash, header.shm_offset)
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        if self.filled or payload.nbytes != self.nbytes:
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: a tensor adopted in place is one message "
+                                                  f"naming all its {self.nbytes} bytes")
+        self.filled, self.checksum = len(self._data), header.checksum
+        self._pending = self._worker.submit(self._hash)
 
-    def _hash(self, start: int) -> None:
-        self.lease.populate(start, len(self._data))
+    def _hash(self) -> None:
+        self.lease.populate(self._start, len(self._data))
         self.digest.update(self._data)
         if self.lease.reused and self.digest.intdigest() != self.checksum:
-            self._data = self.lease.refreshed(start, len(self._data))
+            self._data = self.lease.refreshed(self._start, len(self._data))
             self.digest = xxhash.xxh3_64(self._data)
 
     def wait(self) -> None:
@@ -138,7 +110,7 @@ class InPlace:
             self._pending.result()
 
     def abort(self) -> None:
-        """Nothing to stop: the hash reads a segment, which is there."""
+        """Nothing to stop: the hash reads bytes that are there."""
 
     def tensor(self) -> torch.Tensor:
         if not self.nbytes:

@@ -4,7 +4,8 @@ for gRPC and, as `ssl` contexts from the same files, for the data channel beside
 A server with `cert_file` + `key_file` serves TLS only; with `client_ca_file` it also requires a client
 certificate signed by that CA (mutual TLS). A client with `ca_file` dials TLS and verifies the server
 against it (and presents `client_cert_file` + `client_key_file` when set). Files are read once, at start;
-a missing or half-configured pair fails at once with what to set.
+a missing or half-configured pair fails at once with what to set. `access.ClientAccess` and
+`access.ServerAccess` are what the pusher, the relay and the server take: built from these, in one place.
 """
 
 from __future__ import annotations

@@ -14,16 +14,16 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from itertools import groupby
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
-from asyncrlhf.sampling import Backend, Completion
+from asyncrlhf.sampling import Completion
 from asyncrlhf.sampling.rollouts import rollout_group
-from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import Consumer, Delivery, Producer
-from services.generator.metrics import GeneratorMetrics
+from services.generator.server import WeightSwap
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,23 @@ def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> 
     return ids
 
 
+@dataclass(frozen=True)
+class PromptIO:
+    """Where prompt groups come from (`consumer`; `pending`: how many wait) and rollouts go (`producer`)."""
+
+    consumer: Consumer[PromptGroup]
+    producer: Producer[RolloutGroup]
+    pending: Callable[[], int] = lambda: 0
+
+
 class GeneratorLoop:
-    def __init__(self, cfg: Config, backend: Backend, gate: BackendGate, consumer: Consumer[PromptGroup],
-                 producer: Producer[RolloutGroup], tokenizer, generator_id: str, metrics: GeneratorMetrics,
-                 weights_arrived: threading.Event, pending: Callable[[], int] = lambda: 0,
-                 lineage: Callable[[], int] = lambda: 0, cores: CoreShare | None = None):
-        self.cfg, self.backend, self.gate, self.tokenizer = cfg, backend, gate, tokenizer
-        self.consumer, self.producer = consumer, producer
-        self.generator_id, self.metrics = generator_id, metrics
-        self.weights_arrived, self.pending, self.lineage = weights_arrived, pending, lineage
+    def __init__(self, cfg: Config, swap: WeightSwap, io: PromptIO, tokenizer, generator_id: str,
+                 cores: CoreShare | None = None):
+        """`swap`: the backend, its gate and metrics, and the version the weights are (`swap.served`)."""
+        self.cfg, self.swap, self.tokenizer = cfg, swap, tokenizer
+        self.backend, self.gate, self.metrics = swap.backend, swap.gate, swap.metrics
+        self.consumer, self.producer, self.pending = io.consumer, io.producer, io.pending
+        self.generator_id = generator_id
         self._next_pending_check = 0.0
         self.cores = cores  # this host's shared cores (asyncrlhf up on CPU), or fixed threads
 
@@ -71,7 +79,7 @@ class GeneratorLoop:
         self._update_pending()
         start = time.monotonic()
         if self.backend.version == 0:
-            self.weights_arrived.wait(self.cfg.redis.block_ms / 1000)
+            self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             return 0
         deliveries = self.consumer.read(self.cfg.generator.batch_prompts)
@@ -98,7 +106,7 @@ class GeneratorLoop:
         started_at, start = time.time(), time.perf_counter()
         try:
             with self.gate.generating(), (self.cores.busy() if self.cores else nullcontext()):
-                version, lineage = self.backend.version, self.lineage()  # both change under the gate only
+                version, lineage = self.backend.version, self.swap.lineage  # both change under the gate only
                 completions = self._sample(work)
         except Exception as err:  # a failing batch must not kill the service; its prompts are retried
             log.exception("generation batch of %d groups failed", len(work))

@@ -21,7 +21,7 @@ from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
 from services.generator.http import make_http_app
-from services.generator.loop import GeneratorLoop
+from services.generator.loop import GeneratorLoop, PromptIO
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap, WeightSyncServer, start_heartbeat, start_weight_sync
 
@@ -49,12 +49,10 @@ class GeneratorService:
         if self.cores and isinstance(self.backend, HFBackend):  # cores move between decoding steps
             self.backend.step_hook = self.cores.adjust
         self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce)
-        self.loop = GeneratorLoop(
-            cfg, self.backend, self.gate, self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
-            self.streams.producer(ROLLOUTS), self.tokenizer, self.id, self.metrics, self.swap.arrived,
-            pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
-            lineage=lambda: self.swap.lineage, cores=self.cores,
-        )
+        io = PromptIO(self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
+                      self.streams.producer(ROLLOUTS),
+                      pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length)
+        self.loop = GeneratorLoop(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
         self.weight_sync: WeightSyncServer | None = None
         self.heartbeat: Heartbeat | None = None
         self.http: HttpServer | None = None
@@ -64,7 +62,7 @@ class GeneratorService:
         check_bind(self.cfg.generator.http_host, self.cfg, "the generator's HTTP server")
         self.weight_sync = start_weight_sync(self.cfg, self.swap)
         self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address,
-                                         self.backend, lambda: self.swap.lineage)
+                                         lambda: self.swap.served)
         app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id,
                             self.ready)
         self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()

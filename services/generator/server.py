@@ -1,9 +1,9 @@
 """WeightSync wiring: the gRPC server that receives pushes into the backend, and the registry heartbeat.
 
 A push is staged and verified by `asyncrlhf.weights.receiver.WeightReceiver`; on commit it calls
-`WeightSwap.apply_weights` with the verified version, which takes the backend gate (so it waits for the
-batch in progress, and goes before the next one), swaps the tensors in and sets the backend's version, all
-before the pusher gets its reply.
+`WeightSwap.apply_weights` with the verified `PolicyVersion`, which takes the backend gate (so it waits for
+the batch in progress, and goes before the next one), swaps the tensors in and serves that version (step and
+lineage together), all before the pusher gets its reply.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import ServerAccess
 from asyncrlhf.weights.channel import DataListener
-from asyncrlhf.weights.receiver import WeightReceiver
+from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
-from asyncrlhf.weights.tls import server_credentials, server_ssl_context
 from services.generator.metrics import GeneratorMetrics
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -41,28 +42,28 @@ class WeightSwap:
                  on_applied: Callable[[int], None] = lambda version: None):
         self.backend, self.gate, self.metrics, self.on_applied = backend, gate, metrics, on_applied
         self.arrived = threading.Event()  # set once the first version is live
-        self.lineage = 0  # the learner lineage of the version served; changes with it, under the gate
-        self._incoming_lineage = 0
+        self.served = NO_VERSION  # changes with the backend's weights, under the gate
 
-    def stage_lineage(self, lineage: int) -> None:
-        """The lineage of the version the next `apply_weights` swaps in (the receiver calls it first)."""
-        self._incoming_lineage = lineage
+    @property
+    def lineage(self) -> int:
+        """The learner lineage of the version served."""
+        return self.served.lineage
 
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.backend.named_tensors()
 
     def apply_weights(
-        self, tensors: Mapping[str, torch.Tensor], version: int, *, adopt: bool = False
+        self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> Mapping[str, torch.Tensor] | None:
         start = time.perf_counter()
         with self.gate.swapping():  # torch work on a thread that exits: see `on_fresh_thread`
             replaced = on_fresh_thread(lambda: self.backend.apply_weights(tensors, version, adopt=adopt))
-            self.lineage = self._incoming_lineage
+            self.served = version
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()
-        self.metrics.version.set(version)
+        self.metrics.version.set(version.step)
         self.arrived.set()
-        self.on_applied(version)
+        self.on_applied(version.step)
         return replaced
 
 
@@ -86,17 +87,15 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     with the run's token and TLS client settings."""
     host = cfg.generator.grpc_host
     check_bind(host, cfg, "WeightSync")
-    # After a restart: no version (0) of no lineage (0) until the learner pushes one.
-    receiver = WeightReceiver(swap, version=0, on_lineage=swap.stage_lineage)
-    relay = Relay.from_config(cfg)
-    credentials = server_credentials(cfg.run.grpc_tls)
+    access = ServerAccess.from_config(cfg)
     # tensor bytes beside the gRPC call, over TLS from the same files when WeightSync is
-    data = DataListener(host, cfg.generator.data_port, tls=server_ssl_context(cfg.run.grpc_tls)) \
-        if cfg.generator.data_channel else None
+    data = DataListener(host, cfg.generator.data_port, tls=access.data_tls) if cfg.generator.data_channel \
+        else None
+    # After a restart: no version until the learner pushes one.
+    receiver = WeightReceiver(swap, NO_VERSION, data)
+    relay = Relay.from_config(cfg)
     try:
-        server, port = serve(receiver, host, cfg.generator.grpc_port, cfg.run.token,
-                             allow_insecure_bind=cfg.run.allow_insecure_bind, credentials=credentials,
-                             relay=relay, data=data)
+        server, port = serve(receiver, host, cfg.generator.grpc_port, access, relay=relay)
     except BaseException:
         if data is not None:
             data.close()
@@ -113,9 +112,8 @@ def advertised_host(cfg: Config) -> str:
 
 
 def start_heartbeat(cfg: Config, client: redis.Redis, generator_id: str, address: str,
-                    backend: Backend, lineage: Callable[[], int] = lambda: 0) -> Heartbeat:
+                    version: Callable[[], PolicyVersion]) -> Heartbeat:
     """Register `{id, address, version}` now and every `heartbeat_s`; the entry expires `registry_ttl_s`
     after the last beat."""
     registry = Registry(client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
-    return Heartbeat(registry, generator_id, address, lambda: backend.version,
-                     period_s=cfg.generator.heartbeat_s, lineage=lineage).start()
+    return Heartbeat(registry, generator_id, address, version, period_s=cfg.generator.heartbeat_s).start()

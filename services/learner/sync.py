@@ -1,8 +1,9 @@
 """The learner's side of WeightSync: after a step, snapshot the weights generators need (every rank joins the
 gather under ZeRO-3) and push them to every live generator; between steps, bring a generator that joined
 late (or restarted) to the current version at once. Push outcomes become metrics and warnings. With
-`learner.relay_fanout` the pusher streams to a few generators that relay the version to the others, and
-reports every target only once it serves the version (or its push failed): docs/weights.md.
+`learner.relay_fanout` the publisher pushes through the relay tree (`relay.TreePush`): to a few generators
+that relay the version to the others, every target reported only once it serves the version (or its push
+failed): docs/weights.md.
 
 A push a generator refuses for a permanent reason (the learner's tensors do not fit its model: shape, dtype,
 names; or a wrong token) fails the learner at once with that reason: retrying cannot help. Transient failures
@@ -19,14 +20,17 @@ import torch
 from asyncrlhf.config import Config
 from asyncrlhf.registry import Member, Registry
 from asyncrlhf.training import engine
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.relay import TreePush
+from asyncrlhf.weights.vocabulary import Reason
 from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
 LATE_SYNC_PERIOD_S = 0.5
-# The receiver's reasons (`asyncrlhf.weights.receiver.Reason`) that no retry can change.
-PERMANENT = {"unauthenticated", "unknown_tensor", "shape_mismatch", "dtype_mismatch", "tensor_count",
-             "missing_tensors", "duplicate_tensor", "bad_offset"}
+# The receiver's refusals that no retry can change.
+PERMANENT = {Reason.UNAUTHENTICATED, Reason.UNKNOWN_TENSOR, Reason.SHAPE_MISMATCH, Reason.DTYPE_MISMATCH,
+             Reason.TENSOR_COUNT, Reason.MISSING_TENSORS, Reason.DUPLICATE_TENSOR, Reason.BAD_OFFSET}
 
 
 class PushFailed(RuntimeError):
@@ -34,10 +38,12 @@ class PushFailed(RuntimeError):
 
 
 class WeightPublisher:
-    def __init__(self, cfg: Config, policy, rank: int, registry: Registry | None, metrics: LearnerMetrics):
+    def __init__(self, cfg: Config, policy, rank: int, registry: Registry | None, metrics: LearnerMetrics,
+                 pusher: WeightPusher | None = None):
+        """`pusher`: rank 0's (from the config unless given)."""
         self.cfg, self.policy, self.rank, self.registry, self.metrics = cfg, policy, rank, registry, metrics
-        self.pusher = WeightPusher.from_config(cfg) if rank == 0 else None
-        self.version = 0
+        self.pusher = (pusher or WeightPusher.from_config(cfg)) if rank == 0 else None
+        self.version = 0  # the step published
         self.lineage = 0  # this learner start's lineage: pushed with every version
         self._weights: dict[str, torch.Tensor] | None = None
         self._pushed: dict[str, tuple[int, float]] = {}  # generator id -> (version pushed, when)
@@ -57,6 +63,10 @@ class WeightPublisher:
             self.metrics.step_to_serve.set(time.perf_counter() - started)
         self.metrics.publish_time.observe(time.perf_counter() - started)
 
+    @property
+    def current(self) -> PolicyVersion:
+        return PolicyVersion(self.lineage, self.version)
+
     def sync_late_generators(self) -> None:
         """Push the current version to live generators behind it, retrying a failed one after two beats."""
         now = time.monotonic()
@@ -66,7 +76,7 @@ class WeightPublisher:
         retry_after = 2 * self.cfg.generator.heartbeat_s
         behind = [
             PushTarget(m.id, m.address) for m in self._live()
-            if (m.lineage, m.version) < (self.lineage, self.version)
+            if self.current.newer_than(m.version)
             and (self._pushed.get(m.id, (0, 0.0))[0] < self.version
                  or now - self._pushed[m.id][1] > retry_after)
         ]
@@ -86,12 +96,17 @@ class WeightPublisher:
         if not targets or self._weights is None or self.pusher is None:  # only rank 0 pushes
             return False
         served = True
-        for outcome in self.pusher.push(self._weights, self.version, targets, lineage=self.lineage):
+        push = self.pusher.prepare(self._weights, self.current)
+        fanout = self.cfg.learner.relay_fanout  # the tree, else directly to each
+        outcomes = TreePush(self.pusher, push, fanout).run(targets) if fanout else \
+            self.pusher.send(push, targets)
+        for outcome in outcomes:
             target = outcome.target.id
             self.metrics.push_time.labels(target).set(outcome.seconds)
             if outcome.status == "ok":
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
-                self.metrics.pushes.labels(outcome.path).inc()
+                if outcome.route is not None:  # always, when ok
+                    self.metrics.pushes.labels(outcome.route.value).inc()
                 self._pushed[target] = (self.version, time.monotonic())
                 self._failures.pop(target, None)
                 self._failing_since.pop(target, None)
@@ -102,11 +117,12 @@ class WeightPublisher:
                 self._failed(outcome)
         return served
 
-    def _failed(self, outcome) -> None:
-        target, reason = outcome.target, outcome.detail.split(":", 1)[0].strip()
+    def _failed(self, outcome: PushOutcome) -> None:
+        target = outcome.target
         what = (f"push of version {self.version} to generator {target.id} ({target.address}) "
                 f"{outcome.status}: {outcome.code} {outcome.detail}")
-        if outcome.status == "rejected" and (reason in PERMANENT or outcome.code == "UNAUTHENTICATED"):
+        permanent = outcome.reason in PERMANENT or outcome.code == "UNAUTHENTICATED"
+        if outcome.status == "rejected" and permanent:
             raise PushFailed(f"{what}. The generator cannot take these weights: check that it serves the "
                              "same model (and LoRA settings) as the learner and the same run.token.")
         failures = self._failures[target.id] = self._failures.get(target.id, 0) + 1

@@ -19,6 +19,7 @@ from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.registry import Member, Registry
 from asyncrlhf.streams import PAYLOAD_FIELD, PROMPTS, ROLLOUTS, RunStreams, run_key
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights import PushTarget, WeightPusher
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,7 +86,8 @@ def members(client: redis.Redis, run: str) -> list[Member]:
 def push(state: dict[str, torch.Tensor], version: int, targets: list[Member]) -> None:
     """Push `state` as `version` to every target, as the learner does; fail unless every push succeeded."""
     with WeightPusher(timeout_s=60) as pusher:
-        outcomes = pusher.push(state, version, [PushTarget(m.id, m.address) for m in targets])
+        targeted = [PushTarget(m.id, m.address) for m in targets]
+        outcomes = pusher.push(state, PolicyVersion(0, version), targeted)
     bad = [o for o in outcomes if o.status != "ok"]
     assert not bad, f"pushes failed: {bad}"
 

@@ -41,7 +41,7 @@ def test_two_generators_share_the_prompts_without_duplicates_or_gaps(redis_url, 
     try:
         live = wait_for(lambda: len(members(redis_client, run_name)) == 2 and members(redis_client, run_name),
                         "both generators to register", START_TIMEOUT_S, procs)
-        assert [m.version for m in live] == [0, 0]
+        assert [m.version.step for m in live] == [0, 0]
         prompts = encode_prompts(load_tokenizer(cfg.model), [f"p{i}" for i in range(N_PROMPTS)], cfg.model)
         ids = enqueue(redis_client, run_name, prompts)
 

@@ -77,9 +77,9 @@ def gen(redis_url):
 def test_registers_without_a_version_until_the_first_push(gen):
     if gen.pushed:
         pytest.skip("runs first: later tests have pushed")
-    assert gen.member.version == 0
+    assert gen.member.version.step == 0
     version = gen.push(perturbed_state_dict(gen.base, seed=1))
-    wait_for(lambda: members(gen.client, gen.run)[0].version == version,
+    wait_for(lambda: members(gen.client, gen.run)[0].version.step == version,
              "the registry to show the new version")
 
 

@@ -11,8 +11,9 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.serving.gate import BackendGate
-from asyncrlhf.weights import pusher as pusher_module
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.vocabulary import Reason, Route
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap, start_weight_sync
 from tests.unit.generator.peaked import perturbed_state_dict
@@ -33,7 +34,8 @@ def test_a_push_waits_for_the_batch_in_progress_and_replies_once_applied():
     try:
         with WeightPusher(timeout_s=WAIT_S) as pusher:
             with gate.generating():  # a batch is running
-                pusher_thread = threading.Thread(target=lambda: outcomes.extend(pusher.push(new, 1, target)))
+                pusher_thread = threading.Thread(
+                    target=lambda: outcomes.extend(pusher.push(new, PolicyVersion(3, 1), target)))
                 pusher_thread.start()
                 for _ in range(WAIT_S * 100):
                     if gate.swaps_waiting == 1:
@@ -42,21 +44,20 @@ def test_a_push_waits_for_the_batch_in_progress_and_replies_once_applied():
                 assert gate.swaps_waiting == 1, "the push never reached the swap"
                 assert backend.version == 0 and outcomes == [] and not swap.arrived.is_set()
             pusher_thread.join(WAIT_S)
-            assert [o.status for o in outcomes] == ["ok"] and outcomes[0].version == 1
-            assert backend.version == 1 and swap.arrived.is_set()
+            assert [o.status for o in outcomes] == ["ok"] and outcomes[0].version == PolicyVersion(3, 1)
+            assert backend.version == 1 and swap.served == PolicyVersion(3, 1) and swap.arrived.is_set()
             live = backend.named_tensors()
             assert all(torch.equal(live[name], tensor) for name, tensor in new.items())
 
-            (stale,) = pusher.push(new, 1, target)
-            assert (stale.status, stale.code) == ("rejected", "FAILED_PRECONDITION") and backend.version == 1
+            (stale,) = pusher.push(new, PolicyVersion(3, 1), target)
+            assert (stale.status, stale.reason) == ("rejected", Reason.STALE_VERSION) and backend.version == 1
         assert metrics.registry.get_sample_value(names.GENERATOR_WEIGHT_UPDATES_TOTAL) == 1
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("offered, path", [(True, "data"), (False, "stream")])
-def test_across_hosts_a_push_takes_the_data_channel_the_generator_offers(monkeypatch, offered, path):
-    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # the learner on another host
+@pytest.mark.parametrize("offered, route", [(True, Route.DATA), (False, Route.STREAM)])
+def test_across_hosts_a_push_takes_the_data_channel_the_generator_offers(offered, route):
     cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu",
                                               f"generator.data_channel={str(offered).lower()}"])
     backend = HFBackend.from_config(cfg, load_tokenizer(cfg.model))
@@ -64,9 +65,10 @@ def test_across_hosts_a_push_takes_the_data_channel_the_generator_offers(monkeyp
     new = perturbed_state_dict(load_policy(cfg.model), seed=9)
     target = [PushTarget("gen-t", server.address)]
     try:
-        with WeightPusher(timeout_s=WAIT_S) as pusher:
-            assert pusher.paths(target) == [path]
-            assert [o.status for o in pusher.push(new, 1, target)] == ["ok"] and backend.version == 1
+        with WeightPusher(timeout_s=WAIT_S, routes=(Route.DATA, Route.STREAM)) as pusher:  # on another host
+            assert pusher.probe(target) == [route]
+            assert [o.status for o in pusher.push(new, PolicyVersion(0, 1), target)] == ["ok"]
+            assert backend.version == 1
         live = backend.named_tensors()
         assert all(torch.equal(live[name], tensor) for name, tensor in new.items())
     finally:

@@ -45,8 +45,7 @@ class Actor:
         self.receiver = WeightReceiver(ModuleTarget(self.model, names))
         self.server, port = serve(self.receiver, "127.0.0.1", 0)
         self.heartbeat = Heartbeat(Registry(self.client, cfg.run.name, ttl_s=5), "actor", f"127.0.0.1:{port}",
-                                   lambda: self.receiver.version, period_s=0.2,
-                                   lineage=lambda: self.receiver.lineage).start()
+                                   lambda: self.receiver.version, period_s=0.2).start()
         self.version_offset = version_offset
         self.answers = answers  # whether it answers prompts now, holding weights of `version`
         self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
@@ -62,11 +61,12 @@ class Actor:
         consumer = self.streams.consumer(PROMPTS, GENERATOR_GROUP, "actor")
         out = self.streams.producer(SCORED)
         while not self.stop.is_set():
-            if self.receiver.version < 1 or not self.answers(self.receiver.version):  # no weights yet
+            step = self.receiver.version.step
+            if step < 1 or not self.answers(step):  # no weights yet
                 time.sleep(0.02)
                 continue
             deliveries = consumer.read(8, block_ms=50)
-            version = self.receiver.version
+            version = step
             groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity)))
                       for d in deliveries]
             consumer.ack(deliveries, groups, to=out)

@@ -21,6 +21,7 @@ from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.registry import Registry
 from asyncrlhf.service import STOPPED_BY_DEADLINE
 from asyncrlhf.training.checkpoint import latest_version
+from asyncrlhf.version import PolicyVersion
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
@@ -95,7 +96,7 @@ def test_sigterm_with_a_push_in_flight_stops_within_the_bound(tmp_path, redis_ur
 
     threading.Thread(target=accept, daemon=True).start()
     registry = Registry(redis.Redis.from_url(redis_url), run_name, ttl_s=600)
-    registry.register("stalled", f"127.0.0.1:{stalled.getsockname()[1]}", 0)
+    registry.register("stalled", f"127.0.0.1:{stalled.getsockname()[1]}", PolicyVersion(0, 0))
     proc, log_path, _ = learner(tmp_path, redis_url, run_name, "learner.push_timeout_s=600")
     try:
         until(connected.is_set, proc, log_path)  # the first push is in flight

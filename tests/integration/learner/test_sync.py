@@ -12,7 +12,9 @@ from asyncrlhf.config import load_config
 from asyncrlhf.metrics import LEARNER_PUSH_BYTES_TOTAL, LEARNER_PUSHES_TOTAL
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.registry import Registry
-from asyncrlhf.weights import pusher as pusher_module
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.pusher import WeightPusher
+from asyncrlhf.weights.vocabulary import Route
 from services.learner.metrics import LearnerMetrics
 from services.learner.sync import PushFailed, WeightPublisher
 from tests.integration.weights.helpers import TOKEN, Generator, same, snapshot, tiny_model
@@ -20,11 +22,16 @@ from tests.integration.weights.helpers import TOKEN, Generator, same, snapshot, 
 pytestmark = pytest.mark.integration
 
 
-def publisher(redis_client, redis_url, run_name, module, *overrides):
+NONE = PolicyVersion(0, 0)
+
+
+def publisher(redis_client, redis_url, run_name, module, *overrides, routes=None):
+    """The publisher of rank 0; `routes`: its pusher's (all, unless given)."""
     cfg = load_config(["configs/tiny.yaml"], [f"redis.url={redis_url}", f"run.name={run_name}", *overrides])
     registry = Registry(redis_client, run_name, ttl_s=30)
     policy = SimpleNamespace(module=module)  # what the publisher reads of a ZeRO-0 engine
-    return WeightPublisher(cfg, policy, 0, registry, LearnerMetrics()), registry
+    pusher = WeightPusher.from_config(cfg, routes) if routes is not None else None
+    return WeightPublisher(cfg, policy, 0, registry, LearnerMetrics(), pusher), registry
 
 
 @pytest.fixture
@@ -38,16 +45,16 @@ def test_a_shape_mismatch_fails_the_learner_at_once(redis_client, redis_url, run
     other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64,
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4))
     pub, registry = publisher(redis_client, redis_url, run_name, other, f"run.token={TOKEN}")
-    registry.register("g0", generator.address, 0)
+    registry.register("g0", generator.address, NONE)
     with pytest.raises(PushFailed, match=r"g0 .*rejected: INVALID_ARGUMENT shape_mismatch.*same model"):
         pub.publish(1)
-    assert generator.receiver.version == 0  # the generator kept its weights
+    assert generator.receiver.version == NONE  # the generator kept its weights
     pub.close()
 
 
 def test_a_wrong_token_fails_the_learner_at_once(redis_client, redis_url, run_name, generator):
     pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "run.token=wrong")
-    registry.register("g0", generator.address, 0)
+    registry.register("g0", generator.address, NONE)
     with pytest.raises(PushFailed, match="UNAUTHENTICATED.*run.token"):
         pub.publish(1)
     pub.close()
@@ -55,16 +62,16 @@ def test_a_wrong_token_fails_the_learner_at_once(redis_client, redis_url, run_na
 
 def test_the_same_weights_are_accepted(redis_client, redis_url, run_name, generator):
     pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), f"run.token={TOKEN}")
-    registry.register("g0", generator.address, 0)
+    registry.register("g0", generator.address, NONE)
     pub.publish(1)
-    assert generator.receiver.version == 1
+    assert generator.receiver.version.step == 1
     pub.close()
 
 
 def test_an_unreachable_live_generator_is_retried_up_to_the_bound(redis_client, redis_url, run_name):
     pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "learner.push_max_failures=3",
                               "learner.push_timeout_s=5", "generator.registry_ttl_s=0.5")
-    registry.register("g0", f"127.0.0.1:{free_port()}", 0)  # registered (TTL 30 s), but nothing listens there
+    registry.register("g0", f"127.0.0.1:{free_port()}", NONE)  # registered (TTL 30 s), nothing listens
     pub.publish(1)
     pub.publish(2)  # two transient failures: warned and retried
     time.sleep(0.6)  # still registered a registry TTL after the first failure: alive, yet unreachable
@@ -77,7 +84,7 @@ def test_a_dead_generator_still_listed_is_waited_out_not_fatal(redis_client, red
     """Killed generators stay in the registry until their TTL runs out; fast steps push to them meanwhile."""
     pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "learner.push_max_failures=3",
                               "learner.push_timeout_s=5", "generator.registry_ttl_s=30")
-    registry.register("g0", f"127.0.0.1:{free_port()}", 0)
+    registry.register("g0", f"127.0.0.1:{free_port()}", NONE)
     for version in range(1, 6):  # five failures in a row, well within the TTL: retried, never fatal
         pub.publish(version)
     assert pub._failures["g0"] == 5
@@ -85,31 +92,31 @@ def test_a_dead_generator_still_listed_is_waited_out_not_fatal(redis_client, red
 
 
 def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_is_pushed_around(
-        redis_client, redis_url, run_name, monkeypatch):
+        redis_client, redis_url, run_name):
     """learner.relay_fanout=2 over five registered generators (as across hosts: no shared memory, each with a
     data channel): g0 is dead yet still registered; asking each how to reach it, the learner finds g0 silent
     and builds the tree over the rest: it pushes to g1 and g3, which relay to g2 and g4. (A relay that dies
     after that question: tests/integration/weights/test_relay.py.)"""
-    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")
     gens = [Generator(seed=20 + i) for i in range(5)]
     learner = tiny_model(0)
     pub, registry = publisher(redis_client, redis_url, run_name, learner, f"run.token={TOKEN}",
-                              "learner.relay_fanout=2", "learner.push_timeout_s=10")
+                              "learner.relay_fanout=2", "learner.push_timeout_s=10",
+                              routes=(Route.DATA, Route.STREAM))
     try:
         gens[0].stop()
         for i, g in enumerate(gens):
-            registry.register(f"g{i}", g.address, 0)
+            registry.register(f"g{i}", g.address, NONE)
         for version in (1, 2):
             pub.publish(version)
-            assert all(g.receiver.version == version for g in gens[1:])
+            assert all(g.receiver.version.step == version for g in gens[1:])
             assert all(same(snapshot(g.model), snapshot(learner)) for g in gens[1:])
         sent = {f"g{i}": pub.metrics.registry.get_sample_value(LEARNER_PUSH_BYTES_TOTAL, {"target": f"g{i}"})
                 for i in range(1, 5)}
         size = sum(t.numel() * t.element_size() for t in learner.state_dict().values())
         assert sent == {"g1": 2 * size, "g2": 0, "g3": 2 * size, "g4": 0}  # g2, g4: relayed by g1, g3
-        paths = {p: pub.metrics.registry.get_sample_value(LEARNER_PUSHES_TOTAL, {"path": p})
-                 for p in ("data", "relay")}
-        assert paths == {"data": 4, "relay": 4}  # per version: g1 and g3 over their data channels
+        routes = {r: pub.metrics.registry.get_sample_value(LEARNER_PUSHES_TOTAL, {"path": r.value})
+                  for r in (Route.DATA, Route.RELAY)}
+        assert routes == {Route.DATA: 4, Route.RELAY: 4}  # per version: g1 and g3 over their data channels
         assert pub._failures["g0"] == 2  # the dead one: reported, retried, not fatal within its TTL
     finally:
         pub.close()

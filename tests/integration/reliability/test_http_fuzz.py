@@ -16,6 +16,7 @@ from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.version import PolicyVersion
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 from services.reward.http import ServingState, create_app
@@ -31,7 +32,7 @@ def generator_app():
     cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu", f"run.token={TOKEN}"])
     tokenizer = load_tokenizer(cfg.model)
     backend = HFBackend.from_config(cfg, tokenizer)
-    backend.apply_weights(load_policy(cfg.model).state_dict(), version=1)
+    backend.apply_weights(load_policy(cfg.model).state_dict(), version=PolicyVersion(0, 1))
     return make_http_app(
         cfg,
         GeneratorMetrics("gen-fuzz"),

@@ -14,8 +14,10 @@ import redis
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy
-from asyncrlhf.weights.codec import encoded_chunks, prepare
-from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS
+from asyncrlhf.weights.codec import Snapshot, encoded_chunks, prepare
+from asyncrlhf.weights.vocabulary import Reason
 from tests.integration.generator.helpers import START_TIMEOUT_S, GeneratorProcess, members, wait_for
 
 pytestmark = pytest.mark.integration
@@ -43,7 +45,8 @@ class Target:
 
     def messages(self, version: int, tensors=None) -> list[pb.WeightChunk]:
         return [
-            pb.WeightChunk.FromString(raw) for raw in encoded_chunks(tensors or self.tensors, version, CHUNK)
+            pb.WeightChunk.FromString(raw)
+            for raw in encoded_chunks(Snapshot(PolicyVersion(0, version), tensors or self.tensors), CHUNK)
         ]
 
     def push(self, messages, token: str | None = TOKEN):
@@ -125,50 +128,54 @@ def version_changes(ms):
 
 REJECTIONS = {
     # case: (build the messages from a valid push of version v, expected status, reason in the details)
-    "stale_version": (lambda t, v: t.messages(1), grpc.StatusCode.FAILED_PRECONDITION, "stale_version"),
+    Reason.STALE_VERSION: (
+        lambda t, v: t.messages(1), grpc.StatusCode.FAILED_PRECONDITION, Reason.STALE_VERSION
+    ),
     "version_changes_mid_push": (
         lambda t, v: version_changes(t.messages(v)),
         grpc.StatusCode.FAILED_PRECONDITION,
         "changed mid-push",
     ),
-    "unknown_tensor": (
+    Reason.UNKNOWN_TENSOR: (
         lambda t, v: rename(t.messages(v), "model.no_such.weight"),
         grpc.StatusCode.NOT_FOUND,
-        "unknown_tensor",
+        Reason.UNKNOWN_TENSOR,
     ),
-    "shape_mismatch": (
+    Reason.SHAPE_MISMATCH: (
         lambda t, v: set_first(t.messages(v), shape=[3, 3]),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "shape_mismatch",
+        Reason.SHAPE_MISMATCH,
     ),
-    "dtype_mismatch": (
+    Reason.DTYPE_MISMATCH: (
         lambda t, v: set_first(t.messages(v), dtype=pb.DTYPE_INT64),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "dtype_mismatch",
+        Reason.DTYPE_MISMATCH,
     ),
-    "bad_offset": (lambda t, v: t.messages(v)[1:], grpc.StatusCode.INVALID_ARGUMENT, "bad_offset"),
-    "duplicate_tensor": (
+    Reason.BAD_OFFSET: (lambda t, v: t.messages(v)[1:], grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_OFFSET),
+    Reason.DUPLICATE_TENSOR: (
         lambda t, v: duplicate_first(t.messages(v)),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "duplicate_tensor",
+        Reason.DUPLICATE_TENSOR,
     ),
-    "tensor_count": (
+    Reason.TENSOR_COUNT: (
         lambda t, v: t.messages(v)[:-1] + [pb.WeightChunk(version=v, commit=True, tensor_count=1)],
         grpc.StatusCode.INVALID_ARGUMENT,
-        "tensor_count",
+        Reason.TENSOR_COUNT,
     ),
-    "missing_tensors": (
+    Reason.MISSING_TENSORS: (
         lambda t, v: only_first(t.messages(v)),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "missing_tensors",
+        Reason.MISSING_TENSORS,
     ),
-    "bad_checksum": (lambda t, v: flip_a_byte(t.messages(v)), grpc.StatusCode.DATA_LOSS, "bad_checksum"),
-    "truncated": (lambda t, v: t.messages(v)[:-1], grpc.StatusCode.DATA_LOSS, "truncated"),
+    Reason.BAD_CHECKSUM: (
+        lambda t, v: flip_a_byte(t.messages(v)), grpc.StatusCode.DATA_LOSS, Reason.BAD_CHECKSUM
+    ),
+    Reason.TRUNCATED: (lambda t, v: t.messages(v)[:-1], grpc.StatusCode.DATA_LOSS, Reason.TRUNCATED),
     "undecodable_bytes": (lambda t, v: [b"\xff\xff\xff\xff"], None, ""),
 }
 
 
-@pytest.mark.parametrize("case", list(REJECTIONS))
+@pytest.mark.parametrize("case", list(REJECTIONS), ids=str)
 def test_a_bad_push_is_rejected_and_the_old_version_keeps_serving(target, case):
     build, code, reason = REJECTIONS[case]
     before = target.version()

@@ -14,6 +14,7 @@ from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling import create_backend
 from asyncrlhf.service import HttpServer
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.version import PolicyVersion
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 from tests.integration.vllm.helpers import PARITY_ATOL, reference_logprobs, vllm_config
@@ -30,7 +31,8 @@ class Served:
         self.tokenizer = load_tokenizer(self.cfg.model)
         self.backend = create_backend(self.cfg, self.tokenizer)
         if version:
-            self.backend.apply_weights(load_policy(self.cfg.model).state_dict(), version=version)
+            weights = load_policy(self.cfg.model).state_dict()
+            self.backend.apply_weights(weights, version=PolicyVersion(0, version))
         self.gate = BackendGate()
         app = make_http_app(self.cfg, GeneratorMetrics("gen-t"), self.backend, self.gate, self.tokenizer,
                             "gen-t", ready=lambda: (True, "ok"))

@@ -16,9 +16,11 @@ from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.trainer import Trainer
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
+from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.target import ModuleTarget
 from tests.integration.learner.groups import scored_groups, train_groups
 
 BETAS, LR = [0.8, 0.95], 1e-3
@@ -71,7 +73,7 @@ def push_and_compare(cfg, lc, pushed, whole, before) -> dict:
     server, port = serve(receiver, "127.0.0.1", 0)
     try:
         with WeightPusher(chunk_bytes=64 << 10) as pusher:
-            (outcome,) = pusher.push(pushed, 2, [PushTarget("g0", f"127.0.0.1:{port}")])
+            (outcome,) = pusher.push(pushed, PolicyVersion(0, 2), [PushTarget("g0", f"127.0.0.1:{port}")])
     finally:
         server.stop(0).wait()  # gRPC's threads down before the next case (and before exit)
     received = {k: v for k, v in live.state_dict().items() if names is None or k in names}

@@ -9,6 +9,7 @@ import torch
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
@@ -108,7 +109,7 @@ def test_full_push_through_weightsync_changes_what_the_engine_computes(engine, w
     learner = load_policy(cfg.model).eval()
     before = backend.generate(prompts, 2, SAMPLINGS["t1"])
     weights = perturbed_state_dict(learner, seed=11, scale=0.2)
-    (outcome,) = pusher.push(weights, 1, [target])
+    (outcome,) = pusher.push(weights, PolicyVersion(0, 1), [target])
     assert outcome.status == "ok", outcome.detail
     assert backend.version == 1
     learner.load_state_dict(weights)
@@ -122,12 +123,12 @@ def test_a_refused_push_leaves_the_engine_serving_the_old_version(engine, weight
     pusher, target = weightsync
     learner = load_policy(cfg.model).eval()
     good = perturbed_state_dict(learner, seed=12, scale=0.2)
-    (outcome,) = pusher.push(good, 2, [target])
+    (outcome,) = pusher.push(good, PolicyVersion(0, 2), [target])
     assert outcome.status == "ok", outcome.detail
     learner.load_state_dict(good)
     bad = perturbed_state_dict(learner, seed=13, scale=0.2)
     bad["lm_head.weight"] = bad["lm_head.weight"][:-1]  # wrong shape: refused before anything live changes
-    (outcome,) = pusher.push(bad, 3, [target])
+    (outcome,) = pusher.push(bad, PolicyVersion(0, 3), [target])
     assert outcome.status == "rejected" and "shape" in outcome.detail
     assert backend.version == 2
     groups = backend.generate(prompts, 2, SAMPLINGS["t1"])

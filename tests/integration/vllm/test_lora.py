@@ -10,6 +10,7 @@ import torch
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 from tests.integration.vllm.helpers import PARITY_ATOL, hf_backend, max_gap, score_gap, vllm_config
 
@@ -45,12 +46,12 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
         previous = None
         for version in (1, 2, 3):
             adapter = random_adapter(reference, seed=version)
-            backend.apply_weights(adapter, version)
+            backend.apply_weights(adapter, PolicyVersion(0, version))
             reference.load_state_dict(adapter, strict=False)
             groups = backend.generate(prompts, 3, SAMPLING)
             assert backend.version == version
             assert max_gap(reference, prompts, groups, SAMPLING) <= PARITY_ATOL
-            hf.apply_weights(adapter, version)
+            hf.apply_weights(adapter, PolicyVersion(0, version))
             sequences = [p + c.token_ids for p, g in zip(prompts, groups, strict=True) for c in g]
             assert score_gap(backend.score_tokens(sequences, 3), hf.score_tokens(sequences, 3)) <= PARITY_ATOL
             if previous is not None:  # what the last version's samples score now: a different adapter

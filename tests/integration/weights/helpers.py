@@ -1,22 +1,30 @@
-"""A receiver-side stand-in for the generator service, a tiny model, and comparisons of exact state."""
+"""A receiver-side stand-in for the generator service, a tiny model, pushers over chosen routes, and
+comparisons of exact state."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
-from asyncrlhf.weights.relay import Relay
+from asyncrlhf.weights.pusher import ALL_ROUTES, PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
+from asyncrlhf.weights.relay import Relay, relay_pusher
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.target import ModuleTarget
+from asyncrlhf.weights.vocabulary import Route
 
 TOKEN = "s3cret"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)  # the call metadata of a hand-written push
 CHUNK = 8 << 10  # small, so every tensor of the tiny model spans several chunks
-DATA_CHANNEL = {"on": True}  # whether a `Generator` offers a data channel (the `data_path` fixture sets it)
+# The routes a pusher may use to reach a generator on the route named, as across hosts where it is not shm.
+ONLY = {Route.STREAM: (Route.STREAM,), Route.DATA: (Route.DATA, Route.STREAM),
+        Route.SHM: (Route.SHM, Route.STREAM)}
 
 
 def tiny_model(seed: int) -> torch.nn.Module:
@@ -32,6 +40,14 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def version(step: int, lineage: int = 0) -> PolicyVersion:
+    return PolicyVersion(lineage, step)
+
+
+def pusher(token: str | None = TOKEN, routes: Collection[Route] = ALL_ROUTES, **kw) -> WeightPusher:
+    return WeightPusher(ClientAccess(token), chunk_bytes=kw.pop("chunk_bytes", CHUNK), routes=routes, **kw)
 
 
 class Gated:
@@ -53,17 +69,20 @@ class Gated:
 
 class Generator:
     """A receiver-side stand-in for the generator service: a live model behind a WeightSync server that
-    relays when a push asks it to, with a data channel unless `DATA_CHANNEL` says none."""
+    relays when a push asks it to (with `relay`, else a relay of the run's token), with a data channel when
+    `data`."""
 
-    def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None, data: bool | None = None):
+    def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None, data: bool = True,
+                 relay: Relay | None = None):
         self.model = tiny_model(seed)
         self.target = ModuleTarget(self.model, names)
         self.gated = Gated(self.target)
-        self.receiver = WeightReceiver(self.gated)
-        self.relay = Relay(token, chunk_bytes=CHUNK)
-        self.data = DataListener() if (DATA_CHANNEL["on"] if data is None else data) else None
-        self.server, self.port = serve(self.receiver, token=token, relay=self.relay, data=self.data)
+        self.data = DataListener() if data else None
+        self.receiver = WeightReceiver(self.gated, NO_VERSION, self.data)
+        self.relay = relay or Relay(relay_pusher(ClientAccess(token), CHUNK, 60.0))
+        self.server, self.port = serve(self.receiver, access=ServerAccess(token), relay=self.relay)
         self.address = f"127.0.0.1:{self.port}"
+        self.target_id = PushTarget(f"gen-{self.port}", self.address)
 
     def stop(self) -> None:
         """As if killed: the server stops, relays in flight are cut, the data channel closes."""
@@ -73,6 +92,6 @@ class Generator:
             self.data.close()
 
 
-def push(pusher: WeightPusher, state, version, gen: Generator, **kw):
-    (outcome,) = pusher.push(state, version, [PushTarget("g0", gen.address)], **kw)
+def push(by: WeightPusher, state, step: int, gen: Generator, lineage: int = 0, **kw) -> PushOutcome:
+    (outcome,) = by.push(state, version(step, lineage), [PushTarget("g0", gen.address)], **kw)
     return outcome

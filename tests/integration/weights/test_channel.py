@@ -12,40 +12,47 @@ import pytest
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
 from asyncrlhf.weights import channel
-from asyncrlhf.weights import pusher as pusher_module
+from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS
 from asyncrlhf.weights.channel import DataListener, Outgoing, control_messages, new_ticket, split_address
-from asyncrlhf.weights.codec import commit_message, prepare
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.server import AUTH_METADATA_KEY, GRPC_OPTIONS, serve
-from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, push, same, snapshot, tiny_model
+from asyncrlhf.weights.codec import Snapshot, commit_message, prepare
+from asyncrlhf.weights.pusher import PushTarget
+from asyncrlhf.weights.relay import TreePush
+from asyncrlhf.weights.vocabulary import Reason, Route, refusal_reason
+from tests.integration.weights.helpers import (
+    ONLY,
+    TOKEN,
+    Generator,
+    push,
+    pusher,
+    same,
+    snapshot,
+    tiny_model,
+    version,
+)
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(autouse=True)
-def across_hosts(monkeypatch):
-    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # as across hosts: no shared memory
+def across_hosts():
+    """A pusher as across hosts: no shared memory; the data channel, else the stream."""
+    return pusher(routes=ONLY[Route.DATA])
 
 
-@pytest.fixture
-def generator():
-    gen = Generator(data=True)
-    yield gen
-    gen.stop()
+def pushed(model) -> Snapshot:
+    return Snapshot(version(1), prepare(model.state_dict()))
 
 
-def by_hand(gen: Generator, tensors, version: int, send, *, ticket: bytes | None = None,
+def by_hand(gen: Generator, push: Snapshot, send, *, port: int | None = None,
             connect: bool = True) -> grpc.RpcError | pb.PushReply:
     """A data-channel push written out: the control messages over gRPC, and `send(sock, tensors)` writing
-    the connection's bytes (the ticket already sent)."""
-    ticket = ticket or new_ticket()
-    outgoing = Outgoing("127.0.0.1", gen.data.port, ticket, 10) if connect else None
-    sender = threading.Thread(target=lambda: outgoing and send(outgoing.sock, tensors), daemon=True)
+    the connection's bytes (the ticket already sent) to `port` (the receiver's data port unless given)."""
+    ticket = new_ticket()
+    port = port if port is not None else gen.receiver.data.port
+    outgoing = Outgoing("127.0.0.1", port, ticket, 10) if connect else None
+    sender = threading.Thread(target=lambda: outgoing and send(outgoing.sock, push.tensors), daemon=True)
     sender.start()
-    requests = [*control_messages(tensors, version, 0, ticket),
-                commit_message(version, 0, len(tensors), False).SerializeToString()]
+    requests = [*control_messages(push, ticket), commit_message(push).SerializeToString()]
     with grpc.insecure_channel(gen.address, options=GRPC_OPTIONS) as ch:
         call = ch.stream_unary("/asyncrlhf.v1.WeightSync/PushWeights",
                                response_deserializer=pb.PushReply.FromString)
@@ -65,44 +72,30 @@ def honest(sock: socket.socket, tensors) -> None:
         sock.sendall(xxhash.xxh3_64_intdigest(t.data).to_bytes(8, "little"))
 
 
-def refused(result, code: grpc.StatusCode, reason: str) -> bool:
-    return isinstance(result, grpc.RpcError) and result.code() == code and result.details().startswith(reason)
+def refused(result, reason: Reason) -> bool:
+    return isinstance(result, grpc.RpcError) and refusal_reason(result) == reason
 
 
 def test_a_push_goes_over_the_data_channel_bit_exact_and_again(generator):
     learner = tiny_model(0)
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        assert pusher.paths([PushTarget("g0", generator.address)]) == ["data"]
-        assert pusher.get_status(generator.address).data_port == generator.data.port
-        outcome = push(pusher, learner.state_dict(), 1, generator)
-        assert (outcome.status, outcome.version) == ("ok", 1), outcome.detail
+    with across_hosts() as by:
+        assert by.probe([PushTarget("g0", generator.address)]) == [Route.DATA]
+        assert by.get_status(generator.address).data_port == generator.data.port
+        outcome = push(by, learner.state_dict(), 1, generator)
+        assert (outcome.status, outcome.version, outcome.route) == ("ok", version(1), Route.DATA)
         assert outcome.bytes == sum(t.numel() * 4 for t in learner.state_dict().values())
         assert same(snapshot(generator.model), snapshot(learner))
         other = tiny_model(7)  # the second push stages into the buffers the first one left
-        assert push(pusher, other.state_dict(), 2, generator).status == "ok"
+        assert push(by, other.state_dict(), 2, generator).status == "ok"
         assert same(snapshot(generator.model), snapshot(other))
 
 
 def test_the_hand_written_push_is_accepted(generator):
     """The protocol as written in the proto: what the failure cases below change one thing of."""
     learner = tiny_model(0)
-    reply = by_hand(generator, prepare(learner.state_dict()), 1, honest)
+    reply = by_hand(generator, pushed(learner), honest)
     assert isinstance(reply, pb.PushReply) and reply.version == 1
     assert same(snapshot(generator.model), snapshot(learner))
-
-
-def wrong_trailer(sock, tensors) -> None:
-    for i, t in enumerate(tensors):
-        sock.sendall(t.data)
-        digest = xxhash.xxh3_64_intdigest(t.data) ^ (i == 3)
-        sock.sendall(digest.to_bytes(8, "little"))
-
-
-def flipped_byte(sock, tensors) -> None:
-    for i, t in enumerate(tensors):
-        data = bytearray(t.data)
-        sock.sendall(data[:-1] + bytes([data[-1] ^ (i == 2)]))
-        sock.sendall(xxhash.xxh3_64_intdigest(t.data).to_bytes(8, "little"))
 
 
 def cut_mid_tensor(sock, tensors) -> None:
@@ -111,67 +104,36 @@ def cut_mid_tensor(sock, tensors) -> None:
     sock.shutdown(socket.SHUT_WR)
 
 
-@pytest.mark.parametrize("send, code, reason", [
-    (wrong_trailer, grpc.StatusCode.DATA_LOSS, "bad_checksum"),
-    (flipped_byte, grpc.StatusCode.DATA_LOSS, "bad_checksum"),
-    (cut_mid_tensor, grpc.StatusCode.DATA_LOSS, "truncated"),
-])
-def test_bad_bytes_on_the_channel_are_refused_and_the_old_version_serves(generator, send, code, reason):
+def test_a_connection_that_breaks_mid_tensor_is_truncated_and_the_old_version_serves(generator):
     before = snapshot(generator.model)
-    result = by_hand(generator, prepare(tiny_model(0).state_dict()), 1, send)
-    assert refused(result, code, reason), result
-    assert same(snapshot(generator.model), before) and generator.receiver.version == 0
-    learner = tiny_model(0)  # and the next push goes through
-    assert by_hand(generator, prepare(learner.state_dict()), 2, honest).version == 2
-    assert same(snapshot(generator.model), snapshot(learner))
+    result = by_hand(generator, pushed(tiny_model(0)), cut_mid_tensor)
+    assert refused(result, Reason.TRUNCATED) and "broke mid-tensor" in result.details(), result
+    assert same(snapshot(generator.model), before) and generator.receiver.version.step == 0
 
 
 def test_a_ticket_whose_connection_never_comes_is_refused_in_time():
     gen = Generator(data=False)
-    gen.data = DataListener(claim_timeout_s=0.5)
-    gen.server.stop(0)
-    gen.server, gen.port = serve(gen.receiver, token=TOKEN, data=gen.data)
-    gen.address = f"127.0.0.1:{gen.port}"
+    gen.receiver.data = gen.data = DataListener(claim_timeout_s=0.5)
     try:
         start = time.monotonic()
-        result = by_hand(gen, prepare(tiny_model(0).state_dict()), 1, honest, connect=False)
-        assert refused(result, grpc.StatusCode.FAILED_PRECONDITION, "channel_unavailable"), result
-        assert time.monotonic() - start < 5 and gen.receiver.version == 0
+        result = by_hand(gen, pushed(tiny_model(0)), honest, connect=False)
+        assert refused(result, Reason.CHANNEL_UNAVAILABLE), result
+        assert time.monotonic() - start < 5 and gen.receiver.version.step == 0
     finally:
         gen.stop()
 
 
 def test_a_receiver_without_a_channel_refuses_a_ticket():
     gen = Generator(data=False)
+    elsewhere = DataListener()  # somewhere to connect to: not the receiver's
     try:
-        with WeightPusher(TOKEN) as pusher:
-            assert pusher.get_status(gen.address).data_port == 0
-        outgoing_port = DataListener()  # somewhere to connect to: not the receiver's
-        gen.data = outgoing_port
-        result = by_hand(gen, prepare(tiny_model(0).state_dict()), 1, honest)
-        assert refused(result, grpc.StatusCode.FAILED_PRECONDITION, "channel_unavailable"), result
-        outgoing_port.close()
-        gen.data = None
+        with across_hosts() as by:
+            assert by.get_status(gen.address).data_port == 0
+        result = by_hand(gen, pushed(tiny_model(0)), honest, port=elsewhere.port)
+        assert refused(result, Reason.CHANNEL_UNAVAILABLE), result
     finally:
+        elsewhere.close()
         gen.stop()
-
-
-def test_a_push_naming_two_tickets_is_refused(generator):
-    tensors = prepare(tiny_model(0).state_dict())
-    ticket, other = new_ticket(), new_ticket()
-    requests = [*control_messages(tensors[:1], 1, 0, ticket), *control_messages(tensors[1:], 1, 0, other),
-                commit_message(1, 0, len(tensors), False).SerializeToString()]
-    outgoing = Outgoing("127.0.0.1", generator.data.port, ticket, 10)
-    try:
-        stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address, options=GRPC_OPTIONS))
-        with pytest.raises(grpc.RpcError) as err:
-            stub.PushWeights(iter(pb.WeightChunk.FromString(r) for r in requests), timeout=30,
-                             metadata=((AUTH_METADATA_KEY, f"Bearer {TOKEN}"),))
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert err.value.details().startswith("channel_unavailable")
-    finally:
-        outgoing.close()
-    assert generator.receiver.version == 0
 
 
 def test_connections_with_a_wrong_or_no_ticket_are_closed_and_pair_with_nothing():
@@ -190,30 +152,29 @@ def test_connections_with_a_wrong_or_no_ticket_are_closed_and_pair_with_nothing(
 
 def test_a_data_port_that_refuses_connections_gets_the_byte_stream_then_is_asked_again(generator):
     learner = tiny_model(0)
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        assert pusher.paths([PushTarget("g0", generator.address)]) == ["data"]
+    with across_hosts() as by:
+        assert by.probe([PushTarget("g0", generator.address)]) == [Route.DATA]
         generator.data.close()  # the port closes; the gRPC server stays
-        outcome = push(pusher, learner.state_dict(), 1, generator)
-        assert outcome.status == "ok" and same(snapshot(generator.model), snapshot(learner))
-        generator.data = DataListener()  # a restarted channel, on another port
-        generator.server.stop(0)
-        generator.server, port = serve(generator.receiver, port=generator.port, token=TOKEN,
-                                       data=generator.data)
-        assert pusher.paths([PushTarget("g0", generator.address)]) == ["data"]  # asked again
-        assert push(pusher, tiny_model(3).state_dict(), 2, generator).status == "ok"
+        outcome = push(by, learner.state_dict(), 1, generator)
+        assert (outcome.status, outcome.route) == ("ok", Route.STREAM)
+        assert same(snapshot(generator.model), snapshot(learner))
+        generator.receiver.data = generator.data = DataListener()  # a restarted channel, on another port
+        assert by.probe([PushTarget("g0", generator.address)]) == [Route.DATA]  # asked again
+        outcome = push(by, tiny_model(3).state_dict(), 2, generator)
+        assert (outcome.status, outcome.route) == ("ok", Route.DATA)
 
 
 def test_a_receiver_that_refuses_mid_push_ends_the_pushers_sending(generator):
     """The receiver stops reading at a refused tensor; the pusher's sender, blocked on a full socket, is
     woken and the push reported rejected, no thread left behind."""
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+    with across_hosts() as by:
         big = tiny_model(0).state_dict()
         name = next(n for n in big if n.endswith("q_proj.weight"))
         big[name] = big[name].repeat(4096, 1)  # 64 MiB: more than the socket holds, and the wrong shape
-        outcome = push(pusher, big, 1, generator)
-        assert outcome.status == "rejected" and outcome.detail.startswith("shape_mismatch"), outcome
+        outcome = push(by, big, 1, generator)
+        assert (outcome.status, outcome.reason) == ("rejected", Reason.SHAPE_MISMATCH), outcome
     assert not [t for t in threading.enumerate() if t.name == "weight-data-send"]
-    assert generator.receiver.version == 0
+    assert generator.receiver.version.step == 0
 
 
 def test_a_pusher_silent_mid_tensor_is_given_up_on(monkeypatch, generator):
@@ -225,11 +186,11 @@ def test_a_pusher_silent_mid_tensor_is_given_up_on(monkeypatch, generator):
         done.wait(10)
 
     try:
-        result = by_hand(generator, prepare(tiny_model(0).state_dict()), 1, stall)
+        result = by_hand(generator, pushed(tiny_model(0)), stall)
     finally:
         done.set()
-    assert refused(result, grpc.StatusCode.DATA_LOSS, "truncated"), result
-    assert "silent" in result.details() and generator.receiver.version == 0
+    assert refused(result, Reason.TRUNCATED), result
+    assert "silent" in result.details() and generator.receiver.version.step == 0
 
 
 def test_relays_forward_over_the_data_channel():
@@ -237,11 +198,11 @@ def test_relays_forward_over_the_data_channel():
     learner = tiny_model(0)
     try:
         targets = [PushTarget(f"g{i}", g.address) for i, g in enumerate(gens)]
-        with WeightPusher(TOKEN, chunk_bytes=CHUNK, relay_fanout=1) as pusher:
-            outcomes = pusher.push(learner.state_dict(), 1, targets)
+        with across_hosts() as by:
+            outcomes = TreePush(by, by.prepare(learner.state_dict(), version(1)), 1).run(targets)
         assert [o.status for o in outcomes] == ["ok"] * 3
         assert [o.relayed_by for o in outcomes] == ["", "g0", "g1"]
-        assert [o.path for o in outcomes] == ["data", "relay", "relay"]
+        assert [o.route for o in outcomes] == [Route.DATA, Route.RELAY, Route.RELAY]
         assert all(same(snapshot(g.model), snapshot(learner)) for g in gens)
     finally:
         for g in gens:

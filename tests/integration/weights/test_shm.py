@@ -4,7 +4,6 @@ control; the same guarantees as the byte stream, and no segment left behind, wha
 from __future__ import annotations
 
 import fcntl
-import mmap
 import multiprocessing
 import os
 import signal
@@ -18,15 +17,19 @@ import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights import pusher as pusher_module
-from asyncrlhf.weights import receiver as receiver_module
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights import shm, shm_read
-from asyncrlhf.weights.codec import prepare
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, push, same, snapshot, tiny_model
+from asyncrlhf.weights.codec import Snapshot, prepare
+from asyncrlhf.weights.pusher import PushTarget
+from asyncrlhf.weights.vocabulary import Reason, Route, refusal_reason
+from tests.integration.weights.helpers import AUTH, Generator, push, pusher, same, snapshot, tiny_model
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not shm.shm_host(), reason="no writable /dev/shm on this machine")]
+
+
+def at(step: int) -> PolicyVersion:
+    return PolicyVersion(0, step)
 
 
 def segments() -> set[str]:
@@ -51,7 +54,7 @@ class Counting(shm.ShmPublication):
 @pytest.fixture
 def counting(monkeypatch):
     Counting.created, Counting.publications = [], []
-    monkeypatch.setattr(pusher_module, "ShmPublication", Counting)
+    monkeypatch.setattr(shm, "ShmPublication", Counting)  # counted, not chosen: the route is the pusher's
     return Counting.created
 
 
@@ -80,18 +83,18 @@ def test_local_pushes_are_adopted_in_place_and_versions_alternate_between_two_se
                                                                                       counting):
     before = own_segments()
     weight = lambda: generator.model.model.layers[0].mlp.up_proj.weight  # noqa: E731
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        for version in (1, 2, 3):
+    with pusher() as by:
+        for step in (1, 2, 3):
             with torch.no_grad():
                 for t in learner.parameters():
                     t.add_(1.0)
-            outcome = push(pusher, learner.state_dict(), version, generator)
-            assert (outcome.status, outcome.version) == ("ok", version), outcome.detail
+            outcome = push(by, learner.state_dict(), step, generator)
+            assert (outcome.status, outcome.version, outcome.route) == ("ok", at(step), Route.SHM)
             assert same(snapshot(generator.model), snapshot(learner))
             # the live weight is the segment's bytes, not a copy of them
             assert backing_file(weight()) == str(shm.SHM_DIR / counting[-1])
             assert not writable_elsewhere(counting[-1])  # held while served: the pusher cannot rewrite it
-            if version > 1:
+            if step > 1:
                 assert writable_elsewhere(counting[-2])  # released once the generator moved on
         assert len(own_segments() - before) == 2
     first, second, third = counting
@@ -106,25 +109,26 @@ def test_a_segment_a_generator_still_serves_from_is_never_rewritten(learner, cou
     a, b = Generator(seed=1), Generator(seed=2)
     before = own_segments()
     try:
-        with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+        with pusher() as by:
             only_a = [PushTarget("a", a.address)]
             both = [*only_a, PushTarget("b", b.address)]
-            assert [o.status for o in pusher.push(learner.state_dict(), 1, both)] == ["ok", "ok"]
+            assert [o.status for o in by.push(learner.state_dict(), at(1), both)] == ["ok", "ok"]
             served_by_b = snapshot(learner)
-            for version in (2, 3):
+            for step in (2, 3):
                 with torch.no_grad():
                     for t in learner.parameters():
                         t.mul_(0.5)
-                assert [o.status for o in pusher.push(learner.state_dict(), version, only_a)] == ["ok"]
+                assert [o.status for o in by.push(learner.state_dict(), at(step), only_a)] == ["ok"]
                 assert same(snapshot(a.model), snapshot(learner))
                 assert same(snapshot(b.model), served_by_b)
             assert len(set(counting)) == 3
-            assert [o.status for o in pusher.push(learner.state_dict(), 4, both)] == ["ok", "ok"]
+            assert [o.status for o in by.push(learner.state_dict(), at(4), both)] == ["ok", "ok"]
             assert same(snapshot(b.model), snapshot(learner))
             assert len(own_segments() - before) == 3  # one per receiver, and one to write the next into
-            for version in (5, 6, 7, 8):  # b skips every other version: no segment is made anew for it
-                assert [o.status for o in pusher.push(learner.state_dict(), version, both[:2 - version % 2])
-                        ] == ["ok"] * (2 - version % 2)
+            for step in (5, 6, 7, 8):  # b skips every other version: no segment is made anew for it
+                some = both[:2 - step % 2]
+                outcomes = by.push(learner.state_dict(), at(step), some)
+                assert [o.status for o in outcomes] == ["ok"] * len(some)
             assert len(set(counting)) == 3 and len(own_segments() - before) == 3
     finally:
         a.stop()
@@ -145,8 +149,8 @@ def test_a_killed_generator_holds_nothing(learner, counting):
     try:
         assert parent.poll(120), "the generator process did not start"
         address = parent.recv()
-        with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-            (outcome,) = pusher.push(learner.state_dict(), 1, [PushTarget("g", address)])
+        with pusher() as by:
+            (outcome,) = by.push(learner.state_dict(), at(1), [PushTarget("g", address)])
             assert outcome.status == "ok", outcome.detail
             assert not writable_elsewhere(counting[-1])
             os.kill(proc.pid, signal.SIGKILL)
@@ -159,8 +163,8 @@ def test_a_killed_generator_holds_nothing(learner, counting):
 
 def test_a_write_into_a_live_view_never_reaches_the_segment(generator, learner, counting):
     name = "model.layers.0.mlp.up_proj.weight"
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
+    with pusher() as by:
+        assert push(by, learner.state_dict(), 1, generator).status == "ok"
         publication = Counting.publications[-1]
         live = generator.model.get_parameter(name)
         with torch.no_grad():
@@ -172,11 +176,11 @@ def test_a_write_into_a_live_view_never_reaches_the_segment(generator, learner, 
         assert torch.equal(live, learner.get_parameter(name) + 1.0)
         # version 3 goes into the same segment again; the receiver's kept mapping still has its own copy of
         # the pages written above, so the tensor fails its checksum there and is read through a fresh mapping
-        for version in (2, 3):
+        for step in (2, 3):
             with torch.no_grad():
                 for t in learner.parameters():
                     t.mul_(0.5)
-            assert push(pusher, learner.state_dict(), version, generator).status == "ok"
+            assert push(by, learner.state_dict(), step, generator).status == "ok"
         assert Counting.publications[-1].name == publication.name
         assert same(snapshot(generator.model), snapshot(learner))
 
@@ -189,26 +193,26 @@ def mapped_segments() -> list[str]:
 
 def test_the_receiver_maps_each_segment_once_and_unmaps_the_ones_its_pusher_closed(generator, learner,
                                                                                  counting):
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        for version in (1, 2, 3, 4):
-            assert push(pusher, learner.state_dict(), version, generator).status == "ok"
+    with pusher() as by:
+        for step in (1, 2, 3, 4):
+            assert push(by, learner.state_dict(), step, generator).status == "ok"
         first = set(counting)
         assert len(first) == 2
-        receiver_maps = generator.receiver._maps.names()
+        receiver_maps = generator.receiver.holds.maps.names()
         assert sorted(receiver_maps) == sorted(first)  # one mapping each, kept from version to version
     assert not segments() & first  # removed with their pusher: mapped still, until the next push
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        assert push(pusher, learner.state_dict(), 5, generator).status == "ok"
+    with pusher() as by:
+        assert push(by, learner.state_dict(), 5, generator).status == "ok"
     still = [m for m in mapped_segments() if any(name in m for name in first)]
     assert still == [], still  # the closed segments' memory went back with the next push
 
 
 def test_a_segment_a_relay_reads_is_not_given_back_before_the_relay_ends(generator, learner, counting):
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
+    with pusher() as by:
+        assert push(by, learner.state_dict(), 1, generator).status == "ok"
         first = counting[-1]
         generator.receiver.hold()  # a relay forwards version 1's bytes
-        assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
+        assert push(by, learner.state_dict(), 2, generator).status == "ok"
         assert counting[-1] != first
         assert not writable_elsewhere(first)  # no live tensor views it, but the relay still reads it
         generator.receiver.release()
@@ -218,9 +222,9 @@ def test_a_segment_a_relay_reads_is_not_given_back_before_the_relay_ends(generat
 def test_two_local_generators_map_the_same_segment(learner, counting):
     gens = [Generator(seed=1), Generator(seed=2)]
     try:
-        with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
+        with pusher() as by:
             targets = [PushTarget(f"g{i}", g.address) for i, g in enumerate(gens)]
-            assert [o.status for o in pusher.push(learner.state_dict(), 1, targets)] == ["ok", "ok"]
+            assert [o.status for o in by.push(learner.state_dict(), at(1), targets)] == ["ok", "ok"]
         assert all(same(snapshot(g.model), snapshot(learner)) for g in gens)
         assert len(counting) == 1
     finally:
@@ -232,61 +236,41 @@ def test_rejected_local_push_keeps_the_old_version_and_leaves_no_segment(generat
     before, old = own_segments(), snapshot(generator.model)
     other = tiny_model(seed=0)
     other.model.layers[0].self_attn.q_proj.weight.data = other.model.layers[0].self_attn.q_proj.weight[:32]
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        outcome = push(pusher, other.state_dict(), 1, generator)
-    assert (outcome.status, outcome.code) == ("rejected", "INVALID_ARGUMENT")
-    assert outcome.detail.startswith("shape_mismatch")
-    assert same(snapshot(generator.model), old) and generator.receiver.version == 0
+    with pusher() as by:
+        outcome = push(by, other.state_dict(), 1, generator)
+    assert (outcome.status, outcome.reason) == ("rejected", Reason.SHAPE_MISMATCH)
+    assert same(snapshot(generator.model), old) and generator.receiver.version.step == 0
     assert len(counting) == 1 and own_segments() == before
 
 
-def _control_stream(learner, version: int, tamper=None):
+def _control_stream(learner, step: int, tamper=None):
     """A hand-made same-host push: a publication and its control messages (optionally tampered with)."""
-    tensors = prepare(learner.state_dict())
-    publication = shm.ShmPublication(tensors, version, shm.ShmSegment(shm.layout(tensors)[1]))
-    messages = [publication.control(i, 10) for i in range(len(tensors))]
+    push = Snapshot(at(step), prepare(learner.state_dict()))
+    publication = shm.ShmPublication(push, shm.ShmSegment(shm.layout(push.tensors)[1]))
+    messages = [publication.control(i, 10) for i in range(len(push.tensors))]
     if tamper is not None:
-        tamper(publication, messages)
-    messages.append(pb.WeightChunk(version=version, commit=True, tensor_count=len(tensors)))
+        tamper(messages)
+    messages.append(pb.WeightChunk(version=step, commit=True, tensor_count=len(push.tensors)))
     return publication, messages
 
 
-def flip_a_byte(publication, messages):
-    with open(publication.segment.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        m[messages[1].shm_offset] ^= 1
+def _refusal(generator, messages) -> grpc.RpcError:
+    stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PushWeights(iter(messages), metadata=AUTH, timeout=30)
+    return err.value
 
 
-def escape(publication, messages):
-    messages[0].shm_segment = "../../etc/passwd"
-
-
-def missing(publication, messages):
-    publication.segment.path.unlink()
-
-
-def past_the_end(publication, messages):
-    messages[-1].shm_offset = os.path.getsize(publication.segment.path)
-
-
-@pytest.mark.parametrize("tamper, code, reason", [
-    (flip_a_byte, grpc.StatusCode.DATA_LOSS, "bad_checksum"),
-    (escape, grpc.StatusCode.FAILED_PRECONDITION, "shm_unavailable"),
-    (missing, grpc.StatusCode.FAILED_PRECONDITION, "shm_unavailable"),
-    (past_the_end, grpc.StatusCode.INVALID_ARGUMENT, "bad_offset"),
-])
-def test_bad_control_messages_are_rejected_and_the_old_version_serves(generator, learner, tamper, code,
-                                                                     reason):
+def test_a_segment_named_outside_dev_shm_is_never_opened(generator, learner):
     old = snapshot(generator.model)
-    publication, messages = _control_stream(learner, 1, tamper)
+    publication, messages = _control_stream(learner, 1, lambda ms: setattr(ms[0], "shm_segment",
+                                                                            "../../etc/passwd"))
     try:
-        stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address))
-        with pytest.raises(grpc.RpcError) as err:
-            stub.PushWeights(iter(messages), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
-        assert err.value.code() == code and err.value.details().startswith(reason)
+        assert refusal_reason(_refusal(generator, messages)) == Reason.SHM_UNAVAILABLE
     finally:
         publication.finish()
         publication.segment.close()
-    assert same(snapshot(generator.model), old) and generator.receiver.version == 0
+    assert same(snapshot(generator.model), old) and generator.receiver.version.step == 0
 
 
 def test_a_push_whose_segment_a_newer_version_is_rewriting_is_refused(generator, learner):
@@ -298,31 +282,27 @@ def test_a_push_whose_segment_a_newer_version_is_rewriting_is_refused(generator,
     publication.finish()
     assert publication.segment.claim()  # a newer version is being written into it
     try:
-        stub = pb_grpc.WeightSyncStub(grpc.insecure_channel(generator.address))
-        with pytest.raises(grpc.RpcError) as err:
-            stub.PushWeights(iter(messages), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=30)
-        assert err.value.details().startswith("stale_version")
-        assert "being rewritten" in err.value.details()
+        refused = _refusal(generator, messages)
+        assert refusal_reason(refused) == Reason.STALE_VERSION and "being rewritten" in refused.details()
     finally:
         publication.segment.close()
-    assert same(snapshot(generator.model), old) and generator.receiver.version == 0
+    assert same(snapshot(generator.model), old) and generator.receiver.version.step == 0
 
 
 def test_a_receiver_that_cannot_see_the_segment_gets_the_bytes_over_the_network(generator, learner,
-                                                                               monkeypatch, tmp_path):
-    # a private /dev/shm, as in another container
-    blind = lambda maps: shm_read.SegmentReader(shm_read.SegmentMaps(tmp_path))  # noqa: E731
-    monkeypatch.setattr(receiver_module, "SegmentReader", blind)
-    with WeightPusher(TOKEN, chunk_bytes=CHUNK) as pusher:
-        assert push(pusher, learner.state_dict(), 1, generator).status == "ok"
-        assert pusher.routes.path(generator.address) == "data"  # its data channel from now on, not shm
-        assert push(pusher, learner.state_dict(), 2, generator).status == "ok"
+                                                                               tmp_path):
+    generator.receiver.holds.maps = shm_read.SegmentMaps(tmp_path)  # a private /dev/shm, as in a container
+    with pusher() as by:
+        outcome = push(by, learner.state_dict(), 1, generator)
+        assert (outcome.status, outcome.route) == ("ok", Route.STREAM)  # this push: the fallback
+        assert by.routes.route(generator.address) == Route.DATA  # its data channel from now on, not shm
+        assert push(by, learner.state_dict(), 2, generator).status == "ok"
     assert same(snapshot(generator.model), snapshot(learner))
 
 
 def _publish_and_hang(conn) -> None:
-    tensors = prepare(tiny_model(seed=0).state_dict())
-    publication = shm.ShmPublication(tensors, 7, shm.ShmSegment(shm.layout(tensors)[1]))
+    push = Snapshot(at(7), prepare(tiny_model(seed=0).state_dict()))
+    publication = shm.ShmPublication(push, shm.ShmSegment(shm.layout(push.tensors)[1]))
     conn.send(publication.name)
     signal.pause()
 
@@ -339,7 +319,7 @@ def test_a_pusher_killed_mid_push_leaves_nothing_once_a_new_pusher_starts():
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
-        WeightPusher(TOKEN).close()  # a new pusher (the restarted learner) sweeps
+        pusher().close()  # a new pusher (the restarted learner) sweeps
         assert name not in segments()
         assert mine.name in segments()
     finally:

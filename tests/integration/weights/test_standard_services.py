@@ -11,9 +11,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf._proto import weights_pb2_grpc as pb_grpc
-from asyncrlhf.weights.pusher import WeightPusher
-from asyncrlhf.weights.server import SERVICE
-from tests.integration.weights.helpers import TOKEN, push
+from asyncrlhf.weights.access import SERVICE
+from tests.integration.weights.helpers import push, pusher
 
 pytestmark = pytest.mark.integration
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -31,7 +30,8 @@ def test_health_follows_readiness_without_a_token(generator, learner):
         with pytest.raises(grpc.RpcError) as err:
             check(channel, "no.such.Service")
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-        outcome = push(WeightPusher(token=TOKEN), learner.state_dict(), 1, generator)
+        with pusher() as by:
+            outcome = push(by, learner.state_dict(), 1, generator)
         assert outcome.status == "ok", outcome
         assert check(channel, "") == SERVING
 

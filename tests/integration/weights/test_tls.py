@@ -18,14 +18,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from asyncrlhf.config import load_config
-from asyncrlhf.weights import pusher as pusher_module
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener, Outgoing, new_ticket
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
-from asyncrlhf.weights.receiver import ModuleTarget, WeightReceiver
-from asyncrlhf.weights.relay import Relay
+from asyncrlhf.weights.pusher import ALL_ROUTES, PushTarget, WeightPusher
+from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
+from asyncrlhf.weights.relay import Relay, TreePush
 from asyncrlhf.weights.server import serve
-from asyncrlhf.weights.staging import PushRejected
+from asyncrlhf.weights.target import ModuleTarget
 from asyncrlhf.weights.tls import TlsConfigError, channel_credentials, server_credentials, server_ssl_context
+from asyncrlhf.weights.vocabulary import PushRejected, Route
 
 pytestmark = pytest.mark.integration
 
@@ -79,16 +81,17 @@ def tls_config(**fields):
 def serve_model(tls):
     model = torch.nn.Linear(4, 3)
     receiver = WeightReceiver(ModuleTarget(model))
-    server, port = serve(receiver, "127.0.0.1", 0, credentials=server_credentials(tls))
+    server, port = serve(receiver, "127.0.0.1", 0, ServerAccess(credentials=server_credentials(tls)))
     return server, receiver, model, f"127.0.0.1:{port}"
 
 
-def push(pusher_tls, address, version=1):
+def push(pusher_tls, address, version=1, routes=ALL_ROUTES):
+    """A push dialed as the learner's pusher is, from the config (`ClientAccess.from_config`)."""
     overrides = [f"run.grpc_tls.{k}={v}" for k, v in pusher_tls.items()]
-    cfg = load_config([], [*overrides, "learner.push_timeout_s=10"])
-    with WeightPusher.from_config(cfg) as pusher:
+    cfg = load_config([], overrides)
+    with WeightPusher(ClientAccess.from_config(cfg), timeout_s=10, routes=routes) as pusher:
         weights = {"weight": torch.ones(3, 4), "bias": torch.zeros(3)}
-        return pusher.push(weights, version, [PushTarget("g", address)], lineage=1)[0]
+        return pusher.push(weights, PolicyVersion(1, version), [PushTarget("g", address)])[0]
 
 
 def test_a_push_over_tls_lands_and_a_client_without_the_ca_is_refused(pki):
@@ -96,11 +99,12 @@ def test_a_push_over_tls_lands_and_a_client_without_the_ca_is_refused(pki):
     server, receiver, model, address = serve_model(tls_config(cert_file=server_cert, key_file=server_key))
     try:
         ok = push({"ca_file": pki["ca"]}, address)
-        assert ok.status == "ok" and receiver.version == 1 and torch.equal(model.weight, torch.ones(3, 4))
+        assert ok.status == "ok" and receiver.version.step == 1
+        assert torch.equal(model.weight, torch.ones(3, 4))
         for client in ({"ca_file": pki["other_ca"]}, {}):  # an unrelated CA; plaintext
             refused = push(client, address, version=2)
             assert refused.status != "ok", client
-        assert receiver.version == 1  # nothing reached the receiver
+        assert receiver.version.step == 1  # nothing reached the receiver
     finally:
         server.stop(0)
 
@@ -112,32 +116,32 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_client_ca(pk
     server, receiver, _, address = serve_model(tls)
     try:
         assert push({"ca_file": pki["ca"]}, address).status != "ok"  # trusts the server, has no certificate
-        assert receiver.version == 0
+        assert receiver.version.step == 0
         mutual = {"ca_file": pki["ca"], "client_cert_file": client_cert, "client_key_file": client_key}
         ok = push(mutual, address)
-        assert ok.status == "ok" and receiver.version == 1
+        assert ok.status == "ok" and receiver.version.step == 1
     finally:
         server.stop(0)
 
 
-def test_beside_tls_the_data_channel_is_tls_too(pki, monkeypatch):
+def test_beside_tls_the_data_channel_is_tls_too(pki):
     """Mutual TLS: a push takes the data channel over TLS from the same files; a connection without the client
     certificate, or in plaintext, is never paired with a push; a plaintext channel beside TLS is refused."""
-    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # as across hosts
     (server_cert, server_key), (client_cert, client_key) = pki["server"], pki["client"]
     tls = tls_config(cert_file=server_cert, key_file=server_key, client_ca_file=pki["ca"])
     model = torch.nn.Linear(4, 3)
-    receiver = WeightReceiver(ModuleTarget(model))
     plaintext = DataListener()
     with pytest.raises(ValueError, match="bypass"):
-        serve(receiver, credentials=server_credentials(tls), data=plaintext)
+        serve(WeightReceiver(ModuleTarget(model), NO_VERSION, plaintext),
+              access=ServerAccess(credentials=server_credentials(tls)))
     plaintext.close()
     data = DataListener(claim_timeout_s=1.0, tls=server_ssl_context(tls))
-    server, port = serve(receiver, "127.0.0.1", 0, credentials=server_credentials(tls), data=data)
+    receiver = WeightReceiver(ModuleTarget(model), NO_VERSION, data)
+    server, port = serve(receiver, "127.0.0.1", 0, ServerAccess(credentials=server_credentials(tls)))
     try:
         mutual = {"ca_file": pki["ca"], "client_cert_file": client_cert, "client_key_file": client_key}
-        ok = push(mutual, f"127.0.0.1:{port}")
-        assert (ok.status, ok.path) == ("ok", "data") and torch.equal(model.weight, torch.ones(3, 4))
+        ok = push(mutual, f"127.0.0.1:{port}", routes=(Route.DATA, Route.STREAM))  # as across hosts
+        assert (ok.status, ok.route) == ("ok", Route.DATA) and torch.equal(model.weight, torch.ones(3, 4))
         no_certificate = ssl.create_default_context(cafile=pki["ca"])
         for context in (no_certificate, None):
             ticket = new_ticket()
@@ -159,11 +163,10 @@ def test_half_a_tls_config_fails_with_what_to_set(pki):
         channel_credentials(tls_config(ca_file="/nonexistent/ca.pem"))
 
 
-def test_relays_dial_with_the_runs_tls_client_settings(pki, monkeypatch):
+def test_relays_dial_with_the_runs_tls_client_settings(pki):
     """Three generators serving mutual TLS, in a chain (learner.relay_fanout=1): each relays with the
     certificate and CA of the run's config, as the generator service builds its relay, over the TLS data
     channels."""
-    monkeypatch.setattr(pusher_module, "shm_host", lambda: "")  # as across hosts
     (server_cert, server_key), (client_cert, client_key) = pki["server"], pki["client"]
     mutual = {"cert_file": server_cert, "key_file": server_key, "client_ca_file": pki["ca"],
               "ca_file": pki["ca"], "client_cert_file": client_cert, "client_key_file": client_key}
@@ -172,17 +175,18 @@ def test_relays_dial_with_the_runs_tls_client_settings(pki, monkeypatch):
     running = []
     try:
         for _ in range(3):
-            model = torch.nn.Linear(4, 3)
-            receiver, relay = WeightReceiver(ModuleTarget(model)), Relay.from_config(cfg)
-            data = DataListener(tls=server_ssl_context(cfg.run.grpc_tls))  # as the generator service
-            server, port = serve(receiver, "127.0.0.1", 0, "t0k", relay=relay,
-                                 credentials=server_credentials(cfg.run.grpc_tls), data=data)
+            model, access = torch.nn.Linear(4, 3), ServerAccess.from_config(cfg)  # as the generator service
+            data = DataListener(tls=access.data_tls)
+            receiver, relay = WeightReceiver(ModuleTarget(model), NO_VERSION, data), Relay.from_config(cfg)
+            server, port = serve(receiver, "127.0.0.1", 0, access, relay=relay)
             running.append((server, relay, data, model, f"127.0.0.1:{port}"))
         weights = {"weight": torch.ones(3, 4), "bias": torch.zeros(3)}
-        with WeightPusher.from_config(cfg) as pusher:
-            outcomes = pusher.push(weights, 1, [PushTarget(f"g{i}", r[4]) for i, r in enumerate(running)])
+        targets = [PushTarget(f"g{i}", r[4]) for i, r in enumerate(running)]
+        across_hosts = (Route.DATA, Route.STREAM)
+        with WeightPusher(ClientAccess.from_config(cfg), timeout_s=10, routes=across_hosts) as by:
+            outcomes = TreePush(by, by.prepare(weights, PolicyVersion(1, 1)), 1).run(targets)
         assert [(o.status, o.relayed_by) for o in outcomes] == [("ok", ""), ("ok", "g0"), ("ok", "g1")]
-        assert [o.path for o in outcomes] == ["data", "relay", "relay"]  # over TLS data channels
+        assert [o.route for o in outcomes] == [Route.DATA, Route.RELAY, Route.RELAY]  # over TLS data channels
         assert all(torch.equal(model.weight, torch.ones(3, 4)) for *_, model, _ in running)
     finally:
         for server, relay, data, *_ in running:

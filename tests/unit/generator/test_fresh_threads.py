@@ -16,6 +16,7 @@ from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.serving.openai.engine import ApiSampler, Params
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap
+from asyncrlhf.version import PolicyVersion
 
 torch.set_num_threads(2)
 a = torch.randn(1500, 1500)
@@ -25,7 +26,7 @@ class Backend:
     version = 0
     def apply_weights(self, tensors, version, adopt=False):
         (a @ a).sum()  # a parallel region, like a LoRA merge
-        self.version = version
+        self.version = version.step
         return {}
     def generate(self, prompts, n, sampling):
         (a @ a).sum()  # a parallel region, like a decoding step
@@ -47,12 +48,12 @@ applied, release = threading.Event(), threading.Event()
 
 def handler():  # stays alive, as gRPC's handler threads and the web server's workers do
     if MODE == "swap":
-        swap.apply_weights({}, 1)
+        swap.apply_weights({}, PolicyVersion(0, 1))
     elif MODE == "api":
         version, choices = sampler.sample([[1, 2, 3]], 2, params)
         assert version == 1 and [c.token_ids for c in choices[0]] == [[7, 8], [7, 8]], choices
     else:
-        Backend().apply_weights({}, 1)
+        Backend().apply_weights({}, PolicyVersion(0, 1))
     applied.set()
     release.wait()
 

@@ -5,6 +5,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.version import PolicyVersion
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 
@@ -51,7 +52,7 @@ def test_no_weights_yet_is_503_then_completions_carry_the_version(app_and_backen
     client, backend, cfg = app_and_backend
     assert client.get("/readyz").status_code == 503
     assert client.post("/v1/completions", json={"model": "tiny", "prompt": "hi"}).status_code == 503
-    backend.apply_weights(load_policy(cfg.model).state_dict(), version=7)
+    backend.apply_weights(load_policy(cfg.model).state_dict(), version=PolicyVersion(0, 7))
     assert client.get("/readyz").status_code == 200
     reply = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "n": 3, "max_tokens": 4})
     assert reply.status_code == 200, reply.text

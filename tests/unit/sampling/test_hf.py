@@ -4,6 +4,7 @@ import torch
 from asyncrlhf.config import SamplingConfig, load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend, left_pad, positions, trim_at_eos
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 from tests.unit.generator.peaked import peaked_state_dict, perturbed_state_dict
 
@@ -42,7 +43,7 @@ def test_logprobs_are_the_sampled_tokens_under_the_temperature(tiny):
     reference = load_policy(cfg.model).eval()
     weights = perturbed_state_dict(reference, seed=7)
     reference.load_state_dict(weights)
-    backend.apply_weights(weights, version=3)
+    backend.apply_weights(weights, version=PolicyVersion(0, 3))
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=12)
     prompts = encode_prompts(tokenizer, ["hi", "a much longer prompt, so the batch is padded"], cfg.model)
     groups = backend.generate(prompts, 3, sampling)
@@ -63,7 +64,8 @@ def test_logprobs_are_the_sampled_tokens_under_the_temperature(tiny):
 
 def test_a_model_that_prefers_eos_stops_at_once(tiny):
     cfg, tokenizer, backend = tiny
-    backend.apply_weights(peaked_state_dict(load_policy(cfg.model), tokenizer.eos_token_id), version=4)
+    peaked = peaked_state_dict(load_policy(cfg.model), tokenizer.eos_token_id)
+    backend.apply_weights(peaked, version=PolicyVersion(0, 4))
     groups = backend.generate(encode_prompts(tokenizer, ["x", "yy"], cfg.model), 2, cfg.generator.sampling)
     for c in (c for g in groups for c in g):
         assert c.token_ids == [tokenizer.eos_token_id] and c.finish == "stop"
@@ -73,7 +75,7 @@ def test_a_model_that_prefers_eos_stops_at_once(tiny):
 def test_a_model_that_prefers_one_token_samples_only_it(tiny):
     cfg, tokenizer, backend = tiny
     a = tokenizer("a", add_special_tokens=False)["input_ids"][0]
-    backend.apply_weights(peaked_state_dict(load_policy(cfg.model), a), version=5)
+    backend.apply_weights(peaked_state_dict(load_policy(cfg.model), a), version=PolicyVersion(0, 5))
     sampling = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9, max_new_tokens=7)
     (group,) = backend.generate(encode_prompts(tokenizer, ["anything"], cfg.model), 4, sampling)
     assert [c.token_ids for c in group] == [[a] * 7] * 4
@@ -86,10 +88,11 @@ def test_apply_weights_adopts_the_tensors_only_when_handed_over(tiny):
     name = next(n for n in backend.named_tensors() if n.endswith("q_proj.weight"))  # not a tied weight
     live = backend.named_tensors()[name]
     kept = {name: torch.ones_like(live)}
-    assert backend.apply_weights(kept, version=1) == {} and backend.version == 1  # copied: still the caller's
+    copied = backend.apply_weights(kept, version=PolicyVersion(0, 1))
+    assert copied == {} and backend.version == 1  # copied: still the caller's
     assert backend.named_tensors()[name].data_ptr() != kept[name].data_ptr()
     handed = {name: torch.full_like(live, 2.0)}
-    replaced = backend.apply_weights(handed, version=2, adopt=True)
+    replaced = backend.apply_weights(handed, version=PolicyVersion(0, 2), adopt=True)
     assert backend.named_tensors()[name].data_ptr() == handed[name].data_ptr()  # its live storage now
     assert torch.equal(replaced[name], kept[name]) and backend.version == 2  # the storage it replaced
 
@@ -106,7 +109,7 @@ def test_lora_backend_exposes_the_learners_adapter_names():
     before = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
     # lora_B starts at 0 (the adapter is a no-op); a push of 0.5 everywhere is a real change
     pushed = {name: torch.full_like(t, 0.5) for name, t in learner_adapters.items()}
-    backend.apply_weights(pushed, version=1)
+    backend.apply_weights(pushed, version=PolicyVersion(0, 1))
     torch.manual_seed(0)
     after = backend.generate(prompts, 1, cfg.generator.sampling)[0][0]
     assert backend.version == 1 and after.logprobs != before.logprobs
@@ -131,7 +134,7 @@ def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
     for version in (1, 2):
         pushed = {n: 0.3 * torch.randn(t.shape, generator=generator)
                   for n, t in backend.named_tensors().items()}
-        backend.apply_weights(pushed, version=version)
+        backend.apply_weights(pushed, version=PolicyVersion(0, version))
         reference.load_state_dict(pushed, strict=False)
         assert any(not torch.equal(base_weights()[n], pristine[n]) for n in pristine)  # merged in
         for prompt, group in zip(prompts, backend.generate(prompts, 2, sampling), strict=True):
@@ -142,7 +145,8 @@ def test_merged_lora_samples_the_adapted_model_and_does_not_drift():
                 expected = torch.log_softmax(logits / 0.8, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
                 torch.testing.assert_close(torch.tensor(c.logprobs), expected[:, 0], atol=LOGPROB_ATOL,
                                            rtol=0)
-    backend.apply_weights({n: torch.zeros_like(t) for n, t in backend.named_tensors().items()}, version=3)
+    zeros = {n: torch.zeros_like(t) for n, t in backend.named_tensors().items()}
+    backend.apply_weights(zeros, version=PolicyVersion(0, 3))
     assert all(torch.equal(base_weights()[n], pristine[n]) for n in pristine)
 
 

@@ -8,8 +8,10 @@ import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import (
     HASH_BLOCK,
+    Snapshot,
     adapter_tensors,
     chunks,
     copy_hashed,
@@ -45,12 +47,14 @@ def test_decode_rejects_a_truncated_message():
 
 def test_chunks_split_each_tensor_and_end_with_a_commit():
     state = {"a": torch.zeros(10), "b": torch.zeros(3, dtype=torch.int64), "empty": torch.zeros(0)}
-    messages = list(chunks(prepare(state), version=2, chunk_bytes=16))
+    messages = list(chunks(Snapshot(PolicyVersion(1, 2), prepare(state)), chunk_bytes=16))
     # a: 40 bytes -> 16 + 16 + 8; b: 24 bytes -> 16 + 8; empty: one chunk of 0 bytes; then the commit
     assert [(m.name, m.offset, len(m.data)) for m in messages[:-1]] == [
         ("a", 0, 16), ("a", 16, 16), ("a", 32, 8), ("b", 0, 16), ("b", 16, 8), ("empty", 0, 0)]
     assert [m.checksum != 0 for m in messages[:3]] == [False, False, True]  # checksum on the last chunk only
-    assert messages[-1].commit and messages[-1].tensor_count == 3 and messages[-1].version == 2
+    assert messages[-1].commit and messages[-1].tensor_count == 3
+    first, commit = messages[0], messages[-1]
+    assert (commit.version, commit.lineage) == (2, 1) == (first.version, first.lineage)
     assert messages[3].dtype == pb.DTYPE_INT64
 
 

@@ -5,28 +5,35 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrlhf.weights.codec import chunks, prepare
-from asyncrlhf.weights.receiver import ModuleTarget, PushRejected, WeightReceiver, swap_in
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.codec import Snapshot, chunks, prepare
+from asyncrlhf.weights.receiver import WeightReceiver
+from asyncrlhf.weights.target import ModuleTarget, swap_in
+from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 pytestmark = pytest.mark.unit
+
+
+def pushed(tensors, step: int, chunk_bytes: int, lineage: int = 0):
+    return chunks(Snapshot(PolicyVersion(lineage, step), prepare(tensors)), chunk_bytes)
 
 
 def test_receiver_accepts_plain_messages_and_swaps_without_allocating():
     live = torch.nn.Linear(4, 3)
     receiver = WeightReceiver(ModuleTarget(live))
     new = {k: torch.randn_like(v) for k, v in live.state_dict().items()}
-    assert receiver.receive(chunks(prepare(new), 1, chunk_bytes=8)).version == 1
+    assert receiver.receive(pushed(new, 1, chunk_bytes=8)).snapshot.version == PolicyVersion(0, 1)
     assert all(torch.equal(live.state_dict()[k], new[k]) for k in new)
 
     def storages() -> set[int]:  # live tensors and staging buffers: the memory a push may use
-        tensors = [*live.state_dict().values(), *receiver._buffers.values()]
+        tensors = [*live.state_dict().values(), *receiver.buffers.storages()]
         return {t.data_ptr() for t in tensors}
 
     first = storages()
     assert len(first) == 2 * len(new)  # the staged tensors went live; the old ones are the next staging
     for version in (2, 3):
         newer = {k: v + version for k, v in new.items()}
-        receiver.receive(chunks(prepare(newer), version, chunk_bytes=8))
+        receiver.receive(pushed(newer, version, chunk_bytes=8))
         assert all(torch.equal(live.state_dict()[k], newer[k]) for k in new)
         assert storages() == first  # ping-pong between two sets of buffers, nothing allocated
 
@@ -67,48 +74,31 @@ class RecordingTarget:
 
 def test_receiver_applies_with_the_version_it_verified_and_hands_the_tensors_over():
     target = RecordingTarget({"w": torch.zeros(3), "b": torch.zeros(1)})
-    receiver = WeightReceiver(target, version=4)
-    pushed = {"w": torch.arange(3.0), "b": torch.ones(1)}
-    receiver.receive(chunks(prepare(pushed), 5, chunk_bytes=4))
-    assert target.calls == [(5, True, ["b", "w"])]
-    assert receiver.version == 5 and torch.equal(target.live["w"], pushed["w"])
+    receiver = WeightReceiver(target, PolicyVersion(2, 4))
+    new = {"w": torch.arange(3.0), "b": torch.ones(1)}
+    receiver.receive(pushed(new, 5, chunk_bytes=4, lineage=2))
+    assert target.calls == [(PolicyVersion(2, 5), True, ["b", "w"])]
+    assert receiver.version == PolicyVersion(2, 5) and torch.equal(target.live["w"], new["w"])
     with pytest.raises(PushRejected, match="stale_version"):
-        receiver.receive(chunks(prepare(pushed), 5, chunk_bytes=4))
+        receiver.receive(pushed(new, 5, chunk_bytes=4, lineage=2))
     assert len(target.calls) == 1  # a rejected push never reaches the target
 
 
 def test_receiver_rejection_leaves_the_module_untouched():
     live = torch.nn.Linear(4, 3)
     before = {k: v.clone() for k, v in live.state_dict().items()}
-    messages = list(chunks(prepare({k: torch.randn_like(v) for k, v in before.items()}), 1, chunk_bytes=8))
+    messages = list(pushed({k: torch.randn_like(v) for k, v in before.items()}, 1, chunk_bytes=8))
     with pytest.raises(PushRejected) as err:
         WeightReceiver(ModuleTarget(live)).receive(messages[:-1])
-    assert err.value.reason == "truncated"
+    assert err.value.reason == Reason.TRUNCATED
     assert all(torch.equal(live.state_dict()[k], before[k]) for k in before)
-
-
-def test_a_newer_lineage_is_accepted_at_a_lower_version_and_an_older_lineage_is_refused():
-    target = RecordingTarget({"w": torch.zeros(3)})
-    seen: list[int] = []
-    receiver = WeightReceiver(target, on_lineage=seen.append)
-    push = {"w": torch.arange(3.0)}
-    assert receiver.receive(chunks(prepare(push), 9, chunk_bytes=4, lineage=1)).lineage == 1
-    result = receiver.receive(chunks(prepare(push), 4, chunk_bytes=4, lineage=2))  # a restarted learner
-    assert (result.version, result.lineage) == (4, 2) and (receiver.version, receiver.lineage) == (4, 2)
-    assert receiver.status().lineage == 2 and seen == [1, 2]
-    with pytest.raises(PushRejected, match="stale_lineage"):  # the learner that was replaced
-        receiver.receive(chunks(prepare(push), 10, chunk_bytes=4, lineage=1))
-    with pytest.raises(PushRejected, match="stale_version"):  # within a lineage, versions only go forward
-        receiver.receive(chunks(prepare(push), 4, chunk_bytes=4, lineage=2))
-    assert receiver.receive(chunks(prepare(push), 5, chunk_bytes=4, lineage=2)).version == 5
-    assert [c[0] for c in target.calls] == [9, 4, 5] and (receiver.version, receiver.lineage) == (5, 2)
 
 
 def test_a_push_that_changes_lineage_mid_stream_is_refused():
     receiver = WeightReceiver(RecordingTarget({"w": torch.zeros(3), "b": torch.zeros(1)}))
     push = {"w": torch.arange(3.0), "b": torch.ones(1)}
-    first = list(chunks(prepare(push), 2, chunk_bytes=4, lineage=1))
-    other = list(chunks(prepare(push), 2, chunk_bytes=4, lineage=2))
+    first = list(pushed(push, 2, chunk_bytes=4, lineage=1))
+    other = list(pushed(push, 2, chunk_bytes=4, lineage=2))
     with pytest.raises(PushRejected, match="changed mid-push"):
         receiver.receive([first[0], *other[1:]])
-    assert receiver.version == 0
+    assert receiver.version == PolicyVersion(0, 0)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from asyncrlhf.weights.codec import chunks, to_wire
+from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.codec import Snapshot, chunks, to_wire
 from asyncrlhf.weights.relay import layout, plan
 
 pytestmark = pytest.mark.unit
@@ -65,9 +66,10 @@ def _ancestors(tree, t):
 
 def test_a_known_checksum_is_sent_as_is():
     wire = to_wire("w", torch.arange(10, dtype=torch.float32))
-    computed = [c for c in chunks([wire], 1, chunk_bytes=16) if c.checksum]
+    computed = [c for c in chunks(Snapshot(PolicyVersion(0, 1), [wire]), chunk_bytes=16) if c.checksum]
     assert len(computed) == 1  # on the last slice only
     relayed = to_wire("w", torch.arange(10, dtype=torch.float32))
     relayed = type(relayed)(relayed.name, relayed.dtype, relayed.shape, relayed.data, relayed.tensor, 12345)
-    sent = [c.checksum for c in chunks([relayed], 1, chunk_bytes=16) if not c.commit]
+    messages = chunks(Snapshot(PolicyVersion(0, 1), [relayed]), chunk_bytes=16)
+    sent = [c.checksum for c in messages if not c.commit]
     assert sent == [0, 0, 12345]  # 40 bytes in slices of 16: the known checksum, not recomputed
