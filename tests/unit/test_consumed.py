@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from asyncrlhf.consumed import ConsumedLog, History, read_rows
+from asyncrlhf.consumed import ConsumedLog, History, log_path, read_rows
 
 pytestmark = pytest.mark.unit
 
@@ -18,12 +18,12 @@ def test_the_history_follows_each_lineage_back_to_the_checkpoint_it_resumed():
 
 
 def test_a_restart_makes_groups_trained_after_the_checkpoint_trainable_again(tmp_path):
-    log = ConsumedLog(tmp_path / "consumed.jsonl")
+    log = ConsumedLog(log_path(tmp_path))
     assert log.begin(0, 0) == 1
     log.append("trained", 2, ["g00000000", "g00000001"])
     log.append("dropped", 2, ["g00000002"])
     log.append("trained", 3, ["g00000003"])  # the checkpoint is at version 2; version 3 dies with the learner
-    again = ConsumedLog(tmp_path / "consumed.jsonl")  # the restarted learner
+    again = ConsumedLog(log_path(tmp_path))  # the restarted learner
     assert again.ids == {"g00000000", "g00000001", "g00000002", "g00000003"}  # before its lineage begins
     assert again.begin(1, 2) == 2
     assert again.ids == {"g00000000", "g00000001", "g00000002"}
@@ -35,7 +35,7 @@ def test_a_restart_makes_groups_trained_after_the_checkpoint_trainable_again(tmp
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
-    path = tmp_path / "consumed.jsonl"
+    path = log_path(tmp_path)
     row = {"kind": "trained", "version": 2, "group_ids": ["g00000000"]}
     path.write_text(json.dumps(row) + '\n{"kind": "tra')
     assert ConsumedLog(path).ids == {"g00000000"}

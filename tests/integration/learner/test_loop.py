@@ -1,12 +1,12 @@
 """The learner service against real Redis and real gRPC: the schedule, staleness and the sync invariant."""
 
-import json
 import threading
 
 import pytest
 import torch
 
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import read_rows
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from asyncrlhf.training import engine
@@ -27,7 +27,7 @@ def learner_config(tmp_path, redis_url, run_name, *overrides):
 
 
 def consumed(cfg):
-    return [json.loads(line) for line in (cfg.run.path / "consumed.jsonl").read_text().splitlines()]
+    return read_rows(cfg.run.path)
 
 
 def run_learner(cfg, redis_url, **actor_kwargs):
@@ -69,7 +69,7 @@ def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1")
     learner, actor = run_learner(cfg, redis_url)
     streams = RunStreams(learner.client, cfg.run.name)
-    enqueued = learner.schedule.feed.cursor
+    enqueued = learner.inbox.feed.cursor
     trained = sum(len(r["group_ids"]) for r in consumed(cfg))
     assert enqueued - trained <= (1 + 1) * 3  # (max_staleness + 1) x groups_per_step
     assert max(s for r in consumed(cfg) if r["kind"] == "trained" for s in r["staleness"]) <= 1
