@@ -7,6 +7,7 @@ import torch
 
 from asyncrlhf.config import load_config
 from asyncrlhf.consumed import read_rows
+from asyncrlhf.inbox.ids import group_index
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from asyncrlhf.training import engine
@@ -82,7 +83,7 @@ def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url
                          "learner.stale_policy=drop")
 
     def stale(gid: str) -> int:  # every 4th group claims an older version
-        return 1 if int(gid[1:]) % 4 == 1 else 0
+        return 1 if group_index(gid) % 4 == 1 else 0
 
     learner, actor = run_learner(cfg, redis_url, version_offset=stale)
     rows = consumed(cfg)
