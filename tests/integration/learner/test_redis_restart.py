@@ -11,10 +11,17 @@ import pytest
 
 from asyncrlhf.audit import audit_run
 from asyncrlhf.consumed import read_rows
+from asyncrlhf.inbox.inbox import Inbox
+from asyncrlhf.inbox.prompts import prompt_set
+from asyncrlhf.inbox.recovery import REDIS_CHECK_S
+from asyncrlhf.models import load_tokenizer
 from asyncrlhf.redis_server import EmbeddedRedis
-from asyncrlhf.streams import FEED_CURSOR, ID_FIELD, PROMPTS, RunStreams, connect
+from asyncrlhf.streams import FEED_CURSOR, ID_FIELD, PROMPTS, SCORED, RunStreams, connect
+from asyncrlhf.training.checkpoint import LearnerState
 from services.learner.loop import Learner
+from services.learner.metrics import LearnerMetrics
 from tests.integration.learner.actor import Actor
+from tests.integration.learner.groups import scored_groups
 from tests.integration.learner.test_loop import learner_config
 
 pytestmark = pytest.mark.integration
@@ -64,4 +71,42 @@ def test_a_run_finishes_after_a_redis_restart_that_lost_an_entry(tmp_path, run_n
             learner.stop.set()
         if actor is not None:
             actor.close()
+        server.stop()
+
+
+def test_a_restart_while_a_trained_step_awaits_its_push_keeps_the_bound(tmp_path, run_name):
+    # exact, N = 1, 2 groups a step: 4 credits. A trained step's credits are freed only after its push, and
+    # before the push the inbox waits for the open window's groups (settle). A restart noticed then recounts
+    # the trained groups as in flight until released, so nothing is enqueued beyond the bound.
+    server = EmbeddedRedis(tmp_path / "redis", appendfsync="always").start()
+    try:
+        cfg = learner_config(tmp_path, server.url, run_name, "learner.staleness_mode=exact",
+                             "learner.max_staleness=1", "learner.groups_per_step=2",
+                             "redis.reconnect_max_s=0.5")
+        streams = RunStreams(connect(cfg.redis), cfg.run.name, cfg.redis)
+        prompts = prompt_set(cfg, load_tokenizer(cfg.model))
+        inbox = Inbox(cfg, streams, prompts, LearnerState(), LearnerMetrics())
+        stop, scored, k = threading.Event(), streams.producer(SCORED), cfg.generator.samples_per_prompt
+
+        def step(version: int):
+            batch = inbox.collect(version, stop, lambda: None)
+            assert batch is not None
+            inbox.trained(batch, version + 1)
+            return batch
+
+        inbox.tick(1, lambda: None)  # g0..g3 under version 1
+        scored.add_many(scored_groups(4, k, version=1))
+        first = step(1)  # g0 g1: its own window, complete
+        inbox.settle(first, 1, stop, lambda: None)
+        inbox.release(2)  # g4 g5 under version 2
+        second = step(2)  # g2 g3 (version 1) while version 2's window generates
+        assert second.ids() == ["g00000002", "g00000003"]
+        server.kill()
+        server.start()
+        time.sleep(REDIS_CHECK_S)
+        scored.add_many(scored_groups(2, k, version=2, start=4))
+        inbox.settle(second, 2, stop, lambda: None)  # its tick repairs the restart, then g4 g5 arrive
+        inbox.release(3)
+        assert inbox.feed.cursor == 8 and inbox.in_flight == 4 and inbox.finished == 4
+    finally:
         server.stop()
