@@ -10,7 +10,7 @@ import time
 import pytest
 
 from asyncrlhf.audit import audit_run
-from asyncrlhf.consumed import read_rows
+from asyncrlhf.consumed import Kind, read_rows
 from asyncrlhf.inbox.inbox import Inbox
 from asyncrlhf.inbox.prompts import prompt_set
 from asyncrlhf.inbox.recovery import REDIS_CHECK_S
@@ -36,7 +36,7 @@ def until(condition, what: str, timeout_s: float = 30) -> None:
 
 
 def requeued(cfg) -> list[str]:
-    return [g for r in read_rows(cfg.run.path) if r["kind"] == "requeued" for g in r["group_ids"]]
+    return [g for r in read_rows(cfg.run.path) if r["kind"] == Kind.REQUEUED for g in r["group_ids"]]
 
 
 @pytest.mark.parametrize("mode", ["exact", "bound"])

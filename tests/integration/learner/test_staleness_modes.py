@@ -6,7 +6,7 @@ generator tagged each group with, not only against the learner's own record."""
 import pytest
 
 from asyncrlhf.algorithms import generating_version
-from asyncrlhf.consumed import log_path
+from asyncrlhf.consumed import Kind, log_path
 from tests.integration.learner.test_loop import consumed, learner_config, run_learner
 
 pytestmark = pytest.mark.integration
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def trained_versions(cfg, actor):
     """Per trained step: (the version trained at, the staleness the learner recorded, the versions the
     generator tagged its groups with)."""
-    rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
+    rows = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     return [(r["version"] - 1, r["staleness"], [actor.generated_by[g] for g in r["group_ids"]]) for r in rows]
 
 
@@ -35,7 +35,7 @@ def test_every_group_is_trained_at_the_staleness_the_mode_fixes(tmp_path, redis_
         assert staleness == [want] * 3, (version, staleness)
         assert generated_by == [generating_version(version, n, mode)] * 3, (version, generated_by)
         assert [version - g for g in generated_by] == staleness
-    assert not [r for r in consumed(cfg) if r["kind"] == "dropped"]
+    assert not [r for r in consumed(cfg) if r["kind"] == Kind.DROPPED]
 
 
 def test_a_group_from_a_missed_push_is_dropped_once_and_replaced(tmp_path, redis_url, run_name):
@@ -47,7 +47,7 @@ def test_a_group_from_a_missed_push_is_dropped_once_and_replaced(tmp_path, redis
         return 1 if gid == "g00000004" else 0
 
     learner, actor = run_learner(cfg, redis_url, version_offset=behind)
-    dropped = [r for r in consumed(cfg) if r["kind"] == "dropped"]
+    dropped = [r for r in consumed(cfg) if r["kind"] == Kind.DROPPED]
     assert [(r["group_ids"], r["reason"]) for r in dropped] == [(["g00000004"], "off-schedule")]
     steps = trained_versions(cfg, actor)
     assert len(steps) == 5 and all(len(s) == 3 for _, s, _ in steps)
@@ -80,14 +80,14 @@ def test_exact_staleness_trains_while_the_current_version_generates(tmp_path, re
     def answers(version):
         if version == 1:  # the initial policy's window feeds the first step (and the second, N = 1)
             return True
-        trained = [r for r in consumed(cfg) if r["kind"] == "trained"] if log.exists() else []
+        trained = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED] if log.exists() else []
         return any(r["version"] - 1 == version for r in trained)
 
     learner, actor = run_learner(cfg, redis_url, answers=answers)
     steps = trained_versions(cfg, actor)
     assert [s for _, s, _ in steps] == [[0] * 3, [1] * 3, [1] * 3, [1] * 3, [1] * 3]
     assert all(version - g == 1 for version, _, gs in steps[1:] for g in gs)
-    assert not [r for r in consumed(cfg) if r["kind"] == "dropped"]
+    assert not [r for r in consumed(cfg) if r["kind"] == Kind.DROPPED]
 
 
 def test_a_refused_resume_writes_nothing(tmp_path, redis_url, run_name):
