@@ -36,7 +36,6 @@ run's own files and works while the run is live.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -48,10 +47,10 @@ from pathlib import Path
 
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
-from asyncrlhf.consumed import ENDED_WITHOUT_TRAINING, History, history_of, read_rows
+from asyncrlhf.consumed import ENDINGS, History, Kind, history_of, read_rows
+from asyncrlhf.inbox.ids import enqueued_below, group_id
 from asyncrlhf.streams import EVENTS, FEED_CURSOR, FLOW, ID_FIELD, PAYLOAD_FIELD, RunStreams, connect
 
-GROUP_ID = re.compile(r"^g(\d{8,})$")
 FLOW_STREAMS = tuple(spec.name for spec, _ in FLOW)
 USAGE = """usage: asyncrlhf audit RUN_DIR [key=value ...]
        asyncrlhf audit --config CONFIG.yaml [key=value ...] [--json]
@@ -141,34 +140,34 @@ def account(
     ended: dict[str, set[str]] = {}  # id -> the ways it ended
     for row in rows:
         kind = row["kind"]
-        if kind == "requeued":
+        if kind == Kind.REQUEUED:
             requeued.update(row["group_ids"])
-        if kind not in ("trained", *ENDED_WITHOUT_TRAINING):
+        if kind not in ENDINGS:
             continue
-        if kind == "trained" and not history.contains(row.get("lineage", 0), row["version"]):
+        if kind == Kind.TRAINED and not history.contains(row.get("lineage", 0), row["version"]):
             outside.update(row["group_ids"])
             continue
         for gid in row["group_ids"]:
             ended.setdefault(gid, set()).add(kind)
-            if kind == "trained":
+            if kind == Kind.TRAINED:
                 trained[gid] += 1
     audit.lineages = _lineages(rows, history)
     reasons: Counter[str] = Counter()
     for stream, gid, reason in dead_letters:
-        if stream not in FLOW_STREAMS or not _enqueued(gid, newest):
+        if stream not in FLOW_STREAMS or not enqueued_below(gid, newest):
             audit.foreign_dead_letters += 1
             continue
-        if not _enqueued(gid, enqueued):
+        if not enqueued_below(gid, enqueued):
             continue  # enqueued after the audit read the cursor
         reasons[_short(reason)] += 1
         if gid not in ended:  # not yet reaped by the learner (else consumed.jsonl says how it ended)
             ended[gid] = {"dead_lettered"}
     audit.dead_letter_reasons = dict(reasons)
     audit.trained_twice = sorted(g for g, n in trained.items() if n > 1)
-    audit.unknown = sorted(g for g in ended if not _enqueued(g, newest))
+    audit.unknown = sorted(g for g in ended if not enqueued_below(g, newest))
     still = {g for ids in in_flight.values() for g in ids}
     for i in range(enqueued):
-        gid = f"g{i:08d}"
+        gid = group_id(i)
         kinds = ended.get(gid, set())
         if len(kinds) > 1:
             audit.conflicting.append(gid)
@@ -178,7 +177,7 @@ def account(
         elif gid not in still:
             audit.lost.append(gid)
     open_ids = {
-        stream: {g for g in ids if g not in ended and _enqueued(g, enqueued)}
+        stream: {g for g in ids if g not in ended and enqueued_below(g, enqueued)}
         for stream, ids in in_flight.items()
     }
     audit.in_flight = {stream: len(ids) for stream, ids in open_ids.items()}
@@ -197,7 +196,7 @@ def _lineages(rows: list[dict], history: History) -> list[dict]:
     out: dict[int, dict] = {}
     for row in rows:
         lineage = row.get("lineage", 0)
-        if row["kind"] == "lineage":
+        if row["kind"] == Kind.LINEAGE:
             out[lineage] = {"lineage": lineage, "from_lineage": row.get("from_lineage", 0),
                             "from_version": row["version"], "trained": 0, "in_final_history": 0,
                             "last_version": row["version"], "requeued": 0}
@@ -205,19 +204,14 @@ def _lineages(rows: list[dict], history: History) -> list[dict]:
         empty = {"lineage": lineage, "from_lineage": 0, "from_version": 0, "trained": 0,
                  "in_final_history": 0, "last_version": 0, "requeued": 0}
         entry = out.setdefault(lineage, empty)
-        if row["kind"] == "trained":
+        if row["kind"] == Kind.TRAINED:
             entry["trained"] += len(row["group_ids"])
             entry["last_version"] = max(entry["last_version"], row["version"])
             if history.contains(lineage, row["version"]):
                 entry["in_final_history"] += len(row["group_ids"])
-        elif row["kind"] == "requeued":
+        elif row["kind"] == Kind.REQUEUED:
             entry["requeued"] += len(row["group_ids"])
     return [e for k, e in sorted(out.items()) if k or e["trained"]]  # lineage 0: rows from before lineages
-
-
-def _enqueued(gid: str, enqueued: int) -> bool:
-    match = GROUP_ID.match(gid)
-    return match is not None and int(match.group(1)) < enqueued
 
 
 def _short(reason: str) -> str:
@@ -226,10 +220,6 @@ def _short(reason: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------------
 # Reading a run
-
-
-def read_consumed(run_dir: Path) -> list[dict]:
-    return read_rows(run_dir)
 
 
 def audit_run(cfg: Config, client) -> Audit:
@@ -251,7 +241,7 @@ def audit_run(cfg: Config, client) -> Audit:
             continue
         finished = finished or event.kind == EVENT_KIND_RUN_FINISHED
     bound = (cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step
-    consumed = read_consumed(cfg.run.path)
+    consumed = read_rows(cfg.run.path)
     enqueued_by_end = int(client.get(streams.key(FEED_CURSOR)) or 0)  # a live learner went on meanwhile
     return account(enqueued, consumed, dead, in_flight, finished=finished, credit_bound=bound,
                    enqueued_by_end=enqueued_by_end)

@@ -1,7 +1,8 @@
 """The consumed log, `<run dir>/consumed.jsonl`: an append-only, fsynced record of every group id the learner
 trained, dropped as stale or counted as dead-lettered, one row per step or event, and of every learner start
 (lineage). It is what makes training exactly-once (a redelivered group already in it is acked, never trained
-again) and what `asyncrlhf audit` and the report read (`read_rows`).
+again) and what `asyncrlhf audit`, the report and the benches read. This module owns its file name
+(`log_path`), its row kinds (`Kind`) and its reading (`read_rows`, `rows_of`).
 
 Lineages. Every learner start appends `{"kind": "lineage", "lineage": L, "from_lineage": P, "version": c}`
 before it pushes anything: lineage L continues the model of lineage P at version c (the checkpoint it
@@ -18,10 +19,30 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 CONSUMED_LOG = "consumed.jsonl"
-ENDED_WITHOUT_TRAINING = ("dropped", "dead_lettered")
+
+
+class Kind(StrEnum):
+    """A row's `kind`: a learner start, or how groups ended (trained, dropped, dead-lettered), or groups
+    enqueued again (requeued)."""
+
+    LINEAGE = "lineage"
+    TRAINED = "trained"
+    DROPPED = "dropped"
+    DEAD_LETTERED = "dead_lettered"
+    REQUEUED = "requeued"
+
+
+ENDED_WITHOUT_TRAINING = (Kind.DROPPED, Kind.DEAD_LETTERED)
+ENDINGS = (Kind.TRAINED, *ENDED_WITHOUT_TRAINING)
+
+
+def log_path(run_dir: Path) -> Path:
+    """Where a run's consumed log is."""
+    return Path(run_dir) / CONSUMED_LOG
 
 
 @dataclass
@@ -50,7 +71,7 @@ class History:
 def history_of(rows: list[dict], lineage: int | None = None) -> History:
     """The history of `lineage` (default: the last one started) from a log's rows."""
     parents = {r["lineage"]: (r.get("from_lineage", 0), r.get("version", 0))
-               for r in rows if r["kind"] == "lineage"}
+               for r in rows if r["kind"] == Kind.LINEAGE}
     last = max(parents, default=0)
     return History(last if lineage is None else lineage, parents)
 
@@ -59,7 +80,7 @@ def ended_ids(rows: list[dict], history: History) -> set[str]:
     """Groups that ended for the model of `history`: trained in it, dropped, or dead-lettered."""
     ended: set[str] = set()
     for row in rows:
-        if row["kind"] == "trained" and history.contains(row.get("lineage", 0), row["version"]):
+        if row["kind"] == Kind.TRAINED and history.contains(row.get("lineage", 0), row["version"]):
             ended.update(row["group_ids"])
         elif row["kind"] in ENDED_WITHOUT_TRAINING:
             ended.update(row["group_ids"])
@@ -72,7 +93,7 @@ class ConsumedLog:
 
     def __init__(self, path: Path):
         self.path = path
-        self.rows = read_rows(path.parent, path.name)
+        self.rows = _read(path)
         self.history = history_of(self.rows)
         self.ids = ended_ids(self.rows, self.history)
 
@@ -84,17 +105,17 @@ class ConsumedLog:
         """Start a new lineage continuing `from_lineage` at `from_version` (the resumed checkpoint; 0 for
         fresh weights); returns it. Groups trained outside its history are no longer in `ids`."""
         lineage = max([self.history.lineage, from_lineage, *self.history.parents]) + 1
-        self.append("lineage", from_version, [], lineage=lineage, from_lineage=from_lineage)
+        self.append(Kind.LINEAGE, from_version, [], lineage=lineage, from_lineage=from_lineage)
         self.history = history_of(self.rows, lineage)
         self.ids = ended_ids(self.rows, self.history)
         return lineage
 
     def trained_elsewhere(self) -> set[str]:
         """Groups that were trained, but not in the current history and not ended since: updates lost."""
-        trained = {g for r in self.rows if r["kind"] == "trained" for g in r["group_ids"]}
+        trained = {g for r in self.rows if r["kind"] == Kind.TRAINED for g in r["group_ids"]}
         return trained - self.ids
 
-    def append(self, kind: str, version: int, group_ids: list[str], **extra) -> None:
+    def append(self, kind: Kind, version: int, group_ids: list[str], **extra) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         row = {"kind": kind, "version": version, "group_ids": group_ids, "at": time.time(), **extra}
         row.setdefault("lineage", self.lineage)
@@ -103,14 +124,23 @@ class ConsumedLog:
             f.flush()
             os.fsync(f.fileno())
         self.rows.append(row)
-        if kind != "requeued":
+        if kind != Kind.REQUEUED:
             self.ids.update(group_ids)
 
 
-def read_rows(run_dir: Path, name: str = CONSUMED_LOG) -> list[dict]:
-    """Every row of a run's consumed log, oldest first ([] before the first step). A last line cut short by a
-    crash mid-write is skipped (its step was not acked, so its groups are redelivered)."""
-    path = run_dir / name
+def read_rows(run_dir: Path) -> list[dict]:
+    """Every row of a run's consumed log, oldest first ([] before the first step)."""
+    return _read(log_path(run_dir))
+
+
+def rows_of(run_dir: Path, *kinds: Kind) -> list[dict]:
+    """The rows of `kinds`, oldest first."""
+    return [r for r in read_rows(run_dir) if r["kind"] in kinds]
+
+
+def _read(path: Path) -> list[dict]:
+    """A last line cut short by a crash mid-write is skipped (its step was not acked, so its groups are
+    redelivered); blank lines are skipped."""
     if not path.exists():
         return []
     rows = []

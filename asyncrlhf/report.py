@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrlhf.consumed import ENDINGS, Kind, rows_of
+
 RESULTS = Path("eval") / "results.jsonl"
-CONSUMED = "consumed.jsonl"
 STAGES = "stages.jsonl"
 REPORT = "report.md"
 PLOTS = "plots"
@@ -50,11 +51,9 @@ def load_staleness(run_dir: Path) -> tuple[list[int], Counter]:
     """Staleness (versions) of every trained group, and group counts by outcome."""
     staleness: list[int] = []
     outcomes: Counter = Counter()
-    for row in _rows(Path(run_dir) / CONSUMED):
-        if row.get("kind") in ("lineage", "requeued"):  # learner starts and groups enqueued again: no outcome
-            continue
-        outcomes[row.get("kind", "?")] += len(row.get("group_ids", []))
-        if row.get("kind") == "trained":
+    for row in rows_of(Path(run_dir), *ENDINGS):  # learner starts and groups enqueued again: no outcome
+        outcomes[row["kind"]] += len(row.get("group_ids", []))
+        if row["kind"] == Kind.TRAINED:
             staleness += [int(s) for s in row.get("staleness", [])]
     return staleness, outcomes
 

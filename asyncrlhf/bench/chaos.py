@@ -27,6 +27,8 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
+from asyncrlhf.consumed import Kind, rows_of
+
 DEFAULTS = [
     "generator.replicas=2", "reward.replicas=2", "launch.restart=true", "launch.evaluator=false",
     "launch.max_restarts=30", "launch.restart_window_s=300", "launch.restart_backoff_s=0.5",
@@ -69,10 +71,7 @@ def targets(run_name: str, log_path: Path, kind: str) -> list[int]:
 
 
 def trained_steps(run_dir: Path) -> int:
-    path = run_dir / "consumed.jsonl"
-    if not path.exists():
-        return 0
-    return sum(1 for line in path.read_text().splitlines() if '"kind": "trained"' in line)
+    return len(rows_of(run_dir, Kind.TRAINED))
 
 
 def main(argv: list[str]) -> int:

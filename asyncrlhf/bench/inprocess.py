@@ -5,8 +5,9 @@ its own copy of the model, as a generator holds one), score them with the librar
 with the library's Trainer (DeepSpeed engine, same objective and settings), copy the new weights into the
 backend (`apply_weights`, as a push would end), and checkpoint on the run's schedule in the run's layout,
 so the bench scores its checkpoints with the same gold evaluation as the service runs. Synchronous and
-on-policy by construction: what the services must beat. Prompts come in the learner feed's order (a
-permutation seeded by `run.seed + epoch`), `groups_per_step` a step.
+on-policy by construction: what the services must beat. It is built as the learner is
+(`asyncrlhf.learner.build_learner`), and its prompts are the learner feed's (`asyncrlhf.inbox.prompts`), in
+the feed's order, `groups_per_step` a step.
 """
 
 from __future__ import annotations
@@ -20,22 +21,15 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-import torch
-
-from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.config import Config, load_config
 from asyncrlhf.config_cli import split_config_args
-from asyncrlhf.models import encode_prompts, load_tokenizer, set_threads
+from asyncrlhf.learner import build_learner
 from asyncrlhf.rewards import build_reward
 from asyncrlhf.rewards.groups import items_of, scored
 from asyncrlhf.sampling import create_backend
 from asyncrlhf.sampling.rollouts import rollout_group
-from asyncrlhf.tasks import PromptOrder, fit_prompts, load_task, plain_text
 from asyncrlhf.training import checkpoint, engine
 from asyncrlhf.training.batch import TrainGroup
-from asyncrlhf.training.objectives import make_objective
-from asyncrlhf.training.policies import build_models
-from asyncrlhf.training.trainer import Trainer
 from asyncrlhf.version import PolicyVersion
 
 PHASES = ("generation", "scoring", "training", "push", "apply")
@@ -49,38 +43,17 @@ class InProcess:
         threads = os.cpu_count() or 1
         learner = cfg.learner.model_copy(update={"threads": threads})
         generator = cfg.generator.model_copy(update={"threads": threads})
-        cfg = cfg.model_copy(update={"learner": learner, "generator": generator})
-        set_threads(threads)
-        engine.init_distributed()
-        self.cfg = cfg = cfg.model_copy(update={"learner": engine.effective_learner(cfg.learner)})
-        torch.manual_seed(cfg.run.seed)
-        self.tokenizer = load_tokenizer(cfg.model)
-        objective = make_objective(cfg)
-        models = build_models(cfg, objective)
-        self.policy, self.value = models.policy, models.value
-        self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=objective,
-                               pad_id=self.tokenizer.pad_token_id)
+        parts = build_learner(cfg.model_copy(update={"learner": learner, "generator": generator}))
+        self.cfg = cfg = parts.cfg
+        self.tokenizer, self.trainer = parts.tokenizer, parts.trainer
+        self.policy, self.value = parts.models.policy, parts.models.value
         self.backend = create_backend(cfg, self.tokenizer)
         self.reward = build_reward(cfg.reward)
-        task = load_task(cfg.task)
-        whole = cfg.model.model_copy(update={"max_prompt_tokens": 1 << 30})
-        task, self.prompt_ids = fit_prompts(task, encode_prompts(self.tokenizer, task.train, whole),
-                                            cfg.model.max_prompt_tokens, cfg.task)
-        self.texts = [plain_text(p) for p in task.train]
-        self.references = list(task.train_references) or [None] * len(self.texts)
+        self.prompts = parts.prompts
         self.state = checkpoint.LearnerState()
         self.seconds: dict[str, float] = defaultdict(float)
         self._cursor = 0
-        self.order = PromptOrder(len(self.texts), cfg.run.seed)
         self._apply(self.state.version)
-
-    def _prompt(self, cursor: int) -> PromptGroup:
-        """The cursor-th prompt group, in the learner feed's order."""
-        epoch, index = self.order.position(cursor)
-        return PromptGroup(group_id=f"g{cursor:08d}", prompt=self.texts[index],
-                           prompt_token_ids=self.prompt_ids[index], k=self.cfg.generator.samples_per_prompt,
-                           enqueued_at=time.time(), learner_version=self.state.version, dataset_index=index,
-                           epoch=epoch, reference=self.references[index] or "")
 
     def _apply(self, version: int) -> None:
         """The policy's weights of `version` into the backend (what a push then its swap do)."""
@@ -94,14 +67,15 @@ class InProcess:
 
     def step(self) -> dict[str, float]:
         g, lc = self.cfg.generator, self.cfg.learner
-        prompts = [self._prompt(self._cursor + i) for i in range(lc.groups_per_step)]
+        prompts = [self.prompts.group(self._cursor + i, self.state.version)
+                   for i in range(lc.groups_per_step)]
         self._cursor += len(prompts)
         started = time.perf_counter()
         completions = self.backend.generate([list(p.prompt_token_ids) for p in prompts],
                                             g.samples_per_prompt, g.sampling)
         generated = time.perf_counter()
-        groups = [rollout_group(p, c, self.state.version, "inprocess", time.time(), time.time(),
-                                self.tokenizer.decode, self.state.lineage)
+        version = PolicyVersion(self.state.lineage, self.state.version)
+        groups = [rollout_group(p, c, version, "inprocess", time.time(), time.time(), self.tokenizer.decode)
                   for p, c in zip(prompts, completions, strict=True)]
         result = self.reward.score([item for group in groups for item in items_of(group)])
         k = g.samples_per_prompt

@@ -27,16 +27,11 @@ from pathlib import Path
 from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.config_cli import split_config_args
+from asyncrlhf.consumed import Kind, rows_of
 
 RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2}  # name -> max_staleness (None: no services)
 TARGET_SYNC_VS_INPROCESS = 1.1  # sync s/step <= 1.1x inprocess
 TARGET_ASYNC_SPEEDUP = 1.2  # async1 >= 1.2x faster than inprocess
-
-
-def _trained_rows(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "consumed.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return [r for r in rows if r["kind"] == "trained"]
 
 
 def run_overrides(overrides: list[str], name: str, staleness: int, steps: int, root: Path) -> list[str]:
@@ -75,7 +70,7 @@ def run_one(files: list[str], overrides: list[str], name: str, steps: int, root:
     if Launcher(cfg, files, own).run() != 0:
         raise RuntimeError(f"the {name} run failed; see {cfg.run.path / 'logs'}")
     summary = json.loads((cfg.run.path / "up_summary.json").read_text())
-    rows = _trained_rows(cfg.run.path)
+    rows = rows_of(cfg.run.path, Kind.TRAINED)
     span = rows[-1]["at"] - rows[0]["at"]
     elapsed = rows[-1]["at"] - summary["started_at"]
     breakdown = service_breakdown(summary["final_metrics"], len(rows))

@@ -44,7 +44,7 @@ from asyncrlhf.config import (
 )
 from asyncrlhf.config.loading import _deep_merge, _read_yaml
 from asyncrlhf.config_cli import split_config_args
-from asyncrlhf.consumed import read_rows
+from asyncrlhf.consumed import Kind, rows_of
 
 ALGORITHMS = ("online_dpo", "ppo", "rloo")
 STALENESS = (0, 1, 2, 4, 8)
@@ -68,8 +68,8 @@ class Study:
     mode: str
     root: Path
     train: bool = True  # False: `--finished-only`, the table and plots of the runs already finished
-    _evaluation: object = field(default=None, repr=False)
-    _digests: dict[str, str] = field(default_factory=dict, repr=False)
+    evaluation: object = field(default=None, repr=False)  # the gold evaluation, made once
+    digests: dict[str, str] = field(default_factory=dict, repr=False)  # model scorer path -> digest
 
     def name(self, algorithm: str, n: int, seed: int) -> str:
         return f"{algorithm}-{self.mode}{n}-seed{seed}"
@@ -110,9 +110,9 @@ def settings(study: Study, cfg) -> dict[str, str]:
     for scorer in data["reward"]["scorers"]:
         if scorer["kind"] == "model":
             path = scorer["path"]
-            if path not in study._digests:
-                study._digests[path] = model_digest(Path(path))
-            scorer["path"] = f"sha256:{study._digests[path]}"
+            if path not in study.digests:
+                study.digests[path] = model_digest(Path(path))
+            scorer["path"] = f"sha256:{study.digests[path]}"
     return {"config": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16],
             **{f"reward_model_{i}": s["path"] for i, s in enumerate(data["reward"]["scorers"])
                if s["kind"] == "model"}}
@@ -126,14 +126,14 @@ def pin_recorded_models(study: Study, cfg, recorded: dict[str, str]) -> None:
     for i, scorer in enumerate(cfg.reward.scorers):
         digest = recorded.get(f"reward_model_{i}", "")
         if scorer.kind == "model" and digest.startswith("sha256:"):
-            study._digests.setdefault(scorer.path, digest.removeprefix("sha256:"))
+            study.digests.setdefault(scorer.path, digest.removeprefix("sha256:"))
 
 
 def staleness_trained(run_dir: Path, n: int, mode: str) -> dict:
     """What the consumed log says was trained: the staleness histogram over all steps, and its min and max
     after the warm-up (under `exact`, the first N steps train on the initial policy's groups, staleness 0 to
     N - 1, by construction)."""
-    rows = [r for r in read_rows(run_dir) if r["kind"] == "trained"]
+    rows = rows_of(run_dir, Kind.TRAINED)
     warmup = n if mode == "exact" else 0
     histogram = Counter(s for r in rows for s in r["staleness"])
     after = [s for r in rows if r["version"] - 1 > warmup for s in r["staleness"]]
@@ -141,7 +141,7 @@ def staleness_trained(run_dir: Path, n: int, mode: str) -> dict:
         "min_staleness_trained": min(after) if after else None,
         "max_staleness_trained": max(after) if after else None,
         "warmup_steps": warmup, "staleness_histogram": {str(k): v for k, v in sorted(histogram.items())},
-        "dropped": sum(len(r["group_ids"]) for r in read_rows(run_dir) if r["kind"] == "dropped"),
+        "dropped": sum(len(r["group_ids"]) for r in rows_of(run_dir, Kind.DROPPED)),
         "steps": len(rows),
     }
 
@@ -165,13 +165,13 @@ def train(files: list[str], overrides: list[str], cfg) -> float:
 def gold_evaluation(study: Study):
     """One evaluation for the whole study: the same held-out prompts, gold scorer and reference completions
     (cached under `<out>/reference`)."""
-    if study._evaluation is None:
+    if study.evaluation is None:
         from asyncrlhf.models import load_tokenizer
         from asyncrlhf.stages.evaluation import GoldEvaluation
 
         cfg = load_config(study.files, [*study.overrides, f"run.dir={study.root / 'reference'}"])
-        study._evaluation = GoldEvaluation(cfg, load_tokenizer(cfg.model))
-    return study._evaluation
+        study.evaluation = GoldEvaluation(cfg, load_tokenizer(cfg.model))
+    return study.evaluation
 
 
 def evaluate(study: Study, cfg) -> dict:

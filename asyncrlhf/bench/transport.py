@@ -40,6 +40,7 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, Rollou
 from asyncrlhf.bench.relayplane import bench_relay
 from asyncrlhf.bench.weightplane import Tensors, bench_local, state_dict
 from asyncrlhf.config import RedisConfig
+from asyncrlhf.inbox.ids import group_id
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import ID_FIELD, PAYLOAD_FIELD, REWARD_GROUP, ROLLOUTS, RunStreams, connect
 from asyncrlhf.version import PolicyVersion
@@ -54,7 +55,7 @@ K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
 
 
 def rollout_group(i: int) -> RolloutGroup:
-    prompt = PromptGroup(group_id=f"g{i:08d}", prompt="Write a cheerful review of the movie.",
+    prompt = PromptGroup(group_id=group_id(i), prompt="Write a cheerful review of the movie.",
                          prompt_token_ids=list(range(PROMPT_TOKENS)), k=K, enqueued_at=time.time())
     samples = [Sample(completion_token_ids=[(i + j + t) % 50_000 for t in range(COMPLETION_TOKENS)],
                       logprobs=[-0.5 - 0.01 * t for t in range(COMPLETION_TOKENS)],

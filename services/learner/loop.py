@@ -1,6 +1,6 @@
 """The learner service: one step in DESIGN order, with its collaborators.
 
-    collect (schedule: read scored groups, de-dup, validate, judge staleness) -> broadcast to the ranks
+    collect (inbox: read scored groups, de-dup, validate, judge staleness) -> broadcast to the ranks
     -> train -> log their ids (fsync) and ack -> version += 1 -> push weights to every live generator
     -> release their credits and enqueue more prompts -> events -> checkpoint
 
@@ -17,8 +17,6 @@ import time
 import uuid
 from contextlib import nullcontext
 
-import torch
-
 from asyncrlhf._proto.events_pb2 import (
     EVENT_KIND_CHECKPOINT_SAVED,
     EVENT_KIND_GROUPS_TRAINED,
@@ -29,22 +27,20 @@ from asyncrlhf._proto.events_pb2 import (
 )
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
+from asyncrlhf.inbox.inbox import Inbox
+from asyncrlhf.inbox.strategy import StepBatch
+from asyncrlhf.learner import build_learner
 from asyncrlhf.metrics import make_app, write_final_metrics
 from asyncrlhf.model_sources import resolved_revision
-from asyncrlhf.models import load_tokenizer, set_threads
 from asyncrlhf.registry import Registry
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.streams import EVENTS, RunStreams, connect
 from asyncrlhf.trackers import open_trackers, step_scalars
 from asyncrlhf.training import checkpoint, engine
 from asyncrlhf.training.batch import TrainGroup
-from asyncrlhf.training.objectives import make_objective
-from asyncrlhf.training.policies import build_models
-from asyncrlhf.training.trainer import Trainer
 from services.learner.broadcast import broadcast_groups
 from services.learner.follower import leads_a_follower_node, serve_follower_http
 from services.learner.metrics import LearnerMetrics, step_summary
-from services.learner.schedule import Schedule, StepBatch
 from services.learner.sync import WeightPublisher
 
 log = logging.getLogger("asyncrlhf.learner")
@@ -62,21 +58,13 @@ def pin_revision(cfg: Config) -> Config:
 
 class Learner:
     def __init__(self, cfg: Config, stop: threading.Event | None = None, resume: bool = True):
-        set_threads(cfg.learner.threads)
-        self.rank, self.world = engine.init_distributed()
-        # A user DeepSpeed JSON wins for what it sets (stage, sizes, optimizer): the rest follows it.
-        cfg = cfg.model_copy(update={"learner": engine.effective_learner(cfg.learner)})
-        cfg = pin_revision(cfg)
-        self.cfg, self.stop = cfg, stop or threading.Event()
-        torch.manual_seed(cfg.run.seed)
-        self.tokenizer = load_tokenizer(cfg.model)
-        self.objective = make_objective(cfg)
-        models = build_models(cfg, self.objective)
-        self.policy, self.value = models.policy, models.value
+        parts = build_learner(pin_revision(cfg))
+        cfg = self.cfg = parts.cfg  # as in effect
+        self.rank, self.world, self.stop = parts.rank, parts.world, stop or threading.Event()
+        self.tokenizer, self.objective, self.trainer = parts.tokenizer, parts.objective, parts.trainer
+        self.policy, self.value = parts.models.policy, parts.models.value
         if self.rank == 0:
             log.info("deepspeed in effect: %s", engine.effective_settings(self.policy, cfg.learner))
-        self.trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=self.objective,
-                               pad_id=self.tokenizer.pad_token_id, rank=self.rank, world=self.world)
         self.cores = CoreShare.from_env(f"learner-{self.rank}")  # asyncrlhf up on CPU: cores move
         if self.cores:  # to whichever phase computes, re-sized before each micro-batch
             self.policy.module.register_forward_pre_hook(self._adjust_threads)
@@ -91,8 +79,7 @@ class Learner:
             self.events = streams.producer(EVENTS)
             registry = Registry(self.client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
             # A new lineage begins here, before anything is pushed (see asyncrlhf.consumed).
-            self.schedule = Schedule(cfg, self.client, streams, self.tokenizer, self.state, self.metrics,
-                                     resumed=self.resumed)
+            self.inbox = Inbox(cfg, streams, parts.prompts, self.state, self.metrics, resumed=self.resumed)
             self.trackers = open_trackers(cfg, "learner")
             self._serve_http()
         elif leads_a_follower_node(self.rank):
@@ -141,7 +128,7 @@ class Learner:
         return 0
 
     def _collect(self) -> StepBatch | None:
-        return self.schedule.collect(self.state.version, self.stop, self.weights.sync_late_generators)
+        return self.inbox.collect(self.state.version, self.stop, self.weights.sync_late_generators)
 
     def _step(self, batch: StepBatch | None, groups: list[TrainGroup]) -> None:
         started = time.perf_counter()
@@ -155,7 +142,7 @@ class Learner:
             self._maybe_checkpoint()
             return
         assert batch is not None, "rank 0 trains only a batch it collected"
-        self.schedule.trained(batch, self.state.version)
+        self.inbox.trained(batch, self.state.version)
         step_s = time.perf_counter() - started
         self.metrics.step_time.observe(step_s)
         self.metrics.record_step(stats, groups, self.state.version)
@@ -163,9 +150,9 @@ class Learner:
         self.trackers.log_scalars(step_scalars(stats, [g.decision.staleness for g in groups], step_s, lr),
                                   step=self.state.version - 1)
         if publish:
-            self.schedule.settle(batch, self.state.version - 1, self.stop, self.weights.sync_late_generators)
+            self.inbox.settle(batch, self.state.version - 1, self.stop, self.weights.sync_late_generators)
             self.weights.publish(self.state.version)
-        self.schedule.release(batch, self.state.version)  # before events and checkpoints: no generator waits
+        self.inbox.release(self.state.version)  # before events and checkpoints: no generator waits
         ids = [g.message.group_id for g in groups]
         self._emit(EVENT_KIND_GROUPS_TRAINED, group_ids=ids, values=stats)
         self._maybe_checkpoint()
@@ -187,7 +174,7 @@ class Learner:
         if lc.deepspeed.zero_stage == 3:
             hf_state = engine.full_state_dict(self.policy.module, 3, lc.lora.enabled)
         if self.rank == 0:  # from the learner's own records: a checkpoint needs no Redis (it may be down)
-            self.state.cursor, self.state.finished = self.schedule.known_cursor, self.schedule.known_finished
+            self.state.cursor, self.state.finished = self.inbox.known_cursor, self.inbox.known_finished
             controller = getattr(self.objective, "kl_controller", None)
             self.state.kl_coef = controller.value if controller else None
         path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state,
@@ -202,7 +189,7 @@ class Learner:
         if self.rank == 0:
             done = self.state.steps >= self.cfg.learner.total_steps
             self._emit(EVENT_KIND_RUN_FINISHED if done else EVENT_KIND_POLICY_VERSION)
-            self.schedule.replica_wait("the learner's last event")  # the evaluator stops on RUN_FINISHED
+            self.inbox.replica_wait("the learner's last event")  # the evaluator stops on RUN_FINISHED
             self.weights.close()
             self.trackers.close()
             write_final_metrics(self.metrics.registry, self.cfg.run.path, "learner")

@@ -84,12 +84,12 @@ class LearnerMetrics:
                                 ["reason"], registry=r)
 
     def record_step(self, stats: dict[str, float], groups: list[TrainGroup], version: int) -> None:
-        """A trained step: `version` is the one its update produced; staleness is per sample."""
+        """A trained step: `version` is the one its update produced; staleness is per sample (the groups'
+        count, by outcome, is the inbox's: `Inbox.end`)."""
         self.version.set(version)
         self.steps.inc()
         self.samples.inc(stats.get("sequences", 0))
         self.tokens.inc(stats.get("tokens", 0))
-        self.groups.labels("trained").inc(len(groups))
         self.reward.set(stats["reward_mean"])
         if stats.get("skipped_step"):
             self.skipped.labels(skip_reason(stats)).inc()

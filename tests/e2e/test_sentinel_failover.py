@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from asyncrlhf.consumed import Kind, rows_of
 from tests.e2e.test_up import ROOT, finish, up
 
 pytestmark = pytest.mark.e2e
@@ -22,9 +23,7 @@ FAST = ["redis.reconnect_max_s=1", "redis.claim_idle_ms=2000", "redis.block_ms=2
 
 
 def trained_steps(run_dir) -> int:
-    path = run_dir / "consumed.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return sum(r["kind"] == "trained" for r in rows)
+    return len(rows_of(run_dir, Kind.TRAINED))
 
 
 @pytest.fixture

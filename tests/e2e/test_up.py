@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import Kind, read_rows, rows_of
 from asyncrlhf.training.checkpoint import latest_version
 
 pytestmark = pytest.mark.e2e
@@ -69,34 +70,27 @@ def test_a_crashed_service_stops_the_run_with_its_log_tail(tmp_path):
 
 def test_sigint_stops_everything_and_leaves_a_resumable_checkpoint(tmp_path):
     proc = up(tmp_path, "learner.total_steps=1000", "launch.evaluator=false", start_new_session=True)
-    consumed = tmp_path / "run" / "consumed.jsonl"
+    run_dir = tmp_path / "run"
     deadline = time.monotonic() + 180
-    while not (consumed.exists() and len(consumed.read_text().splitlines()) >= 2):
+    while len(read_rows(run_dir)) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)
     code, out = finish(proc, timeout=180)
     assert code == 130, out[-4000:]
     version = latest_version(load_config([tmp_path / "run" / "config.yaml"]))
-    trained = [json.loads(line)["version"] for line in consumed.read_text().splitlines()
-               if json.loads(line)["kind"] == "trained"]
+    trained = [r["version"] for r in rows_of(run_dir, Kind.TRAINED)]
     assert version == max(trained)  # the checkpoint holds every trained step: nothing to redo
     leftover = subprocess.run(["pgrep", "-f", f"e2e-{tmp_path.name}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "services still running after the stop"
 
 
-def _trained_rows(consumed: Path) -> list[dict]:
-    if not consumed.exists():
-        return []
-    return [r for r in map(json.loads, consumed.read_text().splitlines()) if r["kind"] == "trained"]
-
-
 def test_a_killed_learner_is_restarted_and_resumes_from_its_checkpoint(tmp_path):
     proc = up(tmp_path, "learner.total_steps=8", "launch.evaluator=false", "launch.restart=true",
               "launch.restart_backoff_s=0.5", start_new_session=True)
-    consumed = tmp_path / "run" / "consumed.jsonl"
+    run_dir = tmp_path / "run"
     deadline = time.monotonic() + 240
-    while len(_trained_rows(consumed)) < 3:
+    while len(rows_of(run_dir, Kind.TRAINED)) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
         time.sleep(0.2)
     pattern = f"services.learner .*e2e-{tmp_path.name}"

@@ -5,12 +5,13 @@ import json
 import pytest
 
 from asyncrlhf.bench.staleness import staleness_trained, summarize
+from asyncrlhf.consumed import log_path
 
 pytestmark = pytest.mark.unit
 
 
 def write_log(run_dir, rows):
-    (run_dir / "consumed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log_path(run_dir).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_staleness_trained_excludes_the_exact_warm_up_and_counts_every_group(tmp_path):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from asyncrlhf.consumed import ConsumedLog, History, read_rows
+from asyncrlhf.consumed import ConsumedLog, History, Kind, log_path, read_rows, rows_of
 
 pytestmark = pytest.mark.unit
 
@@ -18,24 +18,37 @@ def test_the_history_follows_each_lineage_back_to_the_checkpoint_it_resumed():
 
 
 def test_a_restart_makes_groups_trained_after_the_checkpoint_trainable_again(tmp_path):
-    log = ConsumedLog(tmp_path / "consumed.jsonl")
+    log = ConsumedLog(log_path(tmp_path))
     assert log.begin(0, 0) == 1
-    log.append("trained", 2, ["g00000000", "g00000001"])
-    log.append("dropped", 2, ["g00000002"])
-    log.append("trained", 3, ["g00000003"])  # the checkpoint is at version 2; version 3 dies with the learner
-    again = ConsumedLog(tmp_path / "consumed.jsonl")  # the restarted learner
+    log.append(Kind.TRAINED, 2, ["g00000000", "g00000001"])
+    log.append(Kind.DROPPED, 2, ["g00000002"])
+    log.append(Kind.TRAINED, 3, ["g00000003"])  # the checkpoint is at version 2; version 3 dies with it
+    again = ConsumedLog(log_path(tmp_path))  # the restarted learner
     assert again.ids == {"g00000000", "g00000001", "g00000002", "g00000003"}  # before its lineage begins
     assert again.begin(1, 2) == 2
     assert again.ids == {"g00000000", "g00000001", "g00000002"}
     assert again.trained_elsewhere() == {"g00000003"}
-    again.append("trained", 3, ["g00000003"])
+    again.append(Kind.TRAINED, 3, ["g00000003"])
     assert again.trained_elsewhere() == set() and "g00000003" in again.ids
     rows = read_rows(tmp_path)
     assert [r.get("lineage") for r in rows if r["kind"] == "trained"] == [1, 1, 2]
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
-    path = tmp_path / "consumed.jsonl"
+    path = log_path(tmp_path)
     row = {"kind": "trained", "version": 2, "group_ids": ["g00000000"]}
     path.write_text(json.dumps(row) + '\n{"kind": "tra')
     assert ConsumedLog(path).ids == {"g00000000"}
+
+
+def test_every_reader_reads_the_log_one_way_whatever_its_spacing(tmp_path):
+    assert read_rows(tmp_path) == [] and rows_of(tmp_path, Kind.TRAINED) == []  # before the first step
+    log = ConsumedLog(log_path(tmp_path))
+    log.begin(0, 0)
+    log.append(Kind.TRAINED, 2, ["g00000000"], staleness=[0])
+    with log_path(tmp_path).open("a") as f:  # another writer's spacing, a blank line, a torn last line
+        f.write('{"kind":"dropped","version":2,"group_ids":["g00000001"]}\n\n{"kind": "tra')
+    assert [r["kind"] for r in read_rows(tmp_path)] == ["lineage", "trained", "dropped"]
+    assert [r["group_ids"] for r in rows_of(tmp_path, Kind.TRAINED, Kind.DROPPED)] == [["g00000000"],
+                                                                                     ["g00000001"]]
+    assert '"kind": "trained"' in log_path(tmp_path).read_text()  # a kind is written as its plain name

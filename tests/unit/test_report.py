@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from asyncrlhf.consumed import log_path
 from asyncrlhf.report import headline, load_results, load_staleness, main, write_report
 
 pytestmark = pytest.mark.unit
@@ -41,7 +42,7 @@ def run_dir(tmp_path):
         ],
     )
     write_rows(
-        tmp_path / "consumed.jsonl",
+        log_path(tmp_path),
         [
             {"kind": "trained", "version": 2, "group_ids": ["a", "b"], "staleness": [0, 1]},
             {"kind": "dropped", "version": 2, "group_ids": ["c"], "staleness": 3},

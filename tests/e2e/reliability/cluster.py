@@ -21,6 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import Kind, read_rows, rows_of
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.training.checkpoint import latest_version
 
@@ -170,14 +171,11 @@ class Cluster:
     # -- what the run did --------------------------------------------------------------------------------
 
     def consumed(self) -> list[dict]:
-        path = self.dir / "consumed.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_rows(self.dir)
 
     def steps(self) -> int:
-        """Optimizer steps recorded in consumed.jsonl (over restarts)."""
-        return sum(1 for r in self.consumed() if r["kind"] == "trained")
+        """Optimizer steps recorded in the consumed log (over restarts)."""
+        return len(rows_of(self.dir, Kind.TRAINED))
 
     def latest_version(self) -> int | None:
         """The policy version of the run's newest checkpoint, None before the first."""

@@ -6,6 +6,7 @@ import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.algorithms import StalenessDecision
+from asyncrlhf.inbox.ids import group_id
 from asyncrlhf.training.batch import TrainGroup
 
 
@@ -22,7 +23,7 @@ def scored_groups(n: int, k: int, *, seed: int = 0, version: int = 1, start: int
             reward = rewards[i][j] if rewards else float(j)  # sample j scores j: distinct, no ties
             samples.append(Sample(completion_token_ids=ids, logprobs=[logprob] * length,
                                   finish_reason=FINISH_REASON_STOP, text="", reward=reward))
-        gid = f"g{start + i:08d}"
+        gid = group_id(start + i)
         out.append(RolloutGroup(group_id=gid, prompt=PromptGroup(group_id=gid, prompt_token_ids=prompt, k=k),
                                 samples=samples, policy_version=version, generator_id="test"))
     return out

@@ -1,12 +1,13 @@
 """The learner service against real Redis and real gRPC: the schedule, staleness and the sync invariant."""
 
-import json
 import threading
 
 import pytest
 import torch
 
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import Kind, read_rows
+from asyncrlhf.inbox.ids import group_index
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from asyncrlhf.training import engine
@@ -27,7 +28,7 @@ def learner_config(tmp_path, redis_url, run_name, *overrides):
 
 
 def consumed(cfg):
-    return [json.loads(line) for line in (cfg.run.path / "consumed.jsonl").read_text().splitlines()]
+    return read_rows(cfg.run.path)
 
 
 def run_learner(cfg, redis_url, **actor_kwargs):
@@ -48,7 +49,7 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=0",
                          f"learner.algorithm={algorithm}", "learner.kl.coef=0.01")
     learner, actor = run_learner(cfg, redis_url)
-    rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
+    rows = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     assert len(rows) == 4 and all(s == 0 for r in rows for s in r["staleness"])  # on-policy by construction
 
     # the synchronous path: the same groups, in the same order, straight into a fresh Trainer
@@ -69,10 +70,10 @@ def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1")
     learner, actor = run_learner(cfg, redis_url)
     streams = RunStreams(learner.client, cfg.run.name)
-    enqueued = learner.schedule.feed.cursor
+    enqueued = learner.inbox.feed.cursor
     trained = sum(len(r["group_ids"]) for r in consumed(cfg))
     assert enqueued - trained <= (1 + 1) * 3  # (max_staleness + 1) x groups_per_step
-    assert max(s for r in consumed(cfg) if r["kind"] == "trained" for s in r["staleness"]) <= 1
+    assert max(s for r in consumed(cfg) if r["kind"] == Kind.TRAINED for s in r["staleness"]) <= 1
     assert streams.stats(PROMPTS, GENERATOR_GROUP).length <= 6
     assert learner.metrics.step_to_serve._value.get() > 0  # a step reached the actor's receiver, timed
 
@@ -82,12 +83,12 @@ def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url
                          "learner.stale_policy=drop")
 
     def stale(gid: str) -> int:  # every 4th group claims an older version
-        return 1 if int(gid[1:]) % 4 == 1 else 0
+        return 1 if group_index(gid) % 4 == 1 else 0
 
     learner, actor = run_learner(cfg, redis_url, version_offset=stale)
     rows = consumed(cfg)
-    dropped = [g for r in rows if r["kind"] == "dropped" for g in r["group_ids"]]
-    trained = [g for r in rows if r["kind"] == "trained" for g in r["group_ids"]]
+    dropped = [g for r in rows if r["kind"] == Kind.DROPPED for g in r["group_ids"]]
+    trained = [g for r in rows if r["kind"] == Kind.TRAINED for g in r["group_ids"]]
     assert dropped and all(stale(g) for g in dropped)
     assert not set(dropped) & set(trained)
     assert len(trained) == 4 * 3  # the run still completes: dropped groups give their credits back
@@ -103,7 +104,7 @@ def test_trackers_get_every_step_with_loss_kl_reward_staleness_throughput_lr(tmp
     run_learner(cfg, redis_url)
     events = EventAccumulator(str(cfg.run.path / "tensorboard" / "learner"),
                               size_guidance={"scalars": 0}).Reload()
-    trained = [r for r in consumed(cfg) if r["kind"] == "trained"]
+    trained = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     for tag in ("loss", "kl", "reward_mean", "staleness_mean", "samples_per_s", "tokens_per_s", "lr"):
         assert [e.step for e in events.Scalars(tag)] == [1, 2, 3, 4], tag
     assert [e.value for e in events.Scalars("lr")] == pytest.approx([3e-3] * 4)

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import Kind
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.training.checkpoint import HF, step_dir
 from tests.integration.learner.actor import Actor
@@ -52,7 +53,7 @@ def train(tmp_path, redis_url, name, launches, while_held=None):
     finally:
         stop(procs)
         actor.close()
-    trained = [r["group_ids"] for r in consumed(cfg) if r["kind"] == "trained"]
+    trained = [r["group_ids"] for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     return load_file(str(step_dir(cfg.run.path, 3) / HF / "model.safetensors")), trained, procs
 
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from asyncrlhf.audit import audit_run, format_audit
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import Kind
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
 from asyncrlhf.training.batch import TrainGroup
@@ -67,7 +68,7 @@ def test_two_ranks_zero2_equal_one_rank_with_twice_the_accumulation(tmp_path, re
         wait(proc, 300, log)
     finally:
         actor.close()
-    rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
+    rows = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     assert len(rows) == 3
     two_ranks = load_file(str(step_dir(cfg.run.path, 4) / HF / "model.safetensors"))
     one_rank = sync_weights(cfg, rows, actor.prompts)
@@ -95,7 +96,7 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        killed_at = max(r["version"] for r in consumed(cfg) if r["kind"] == "trained")
+        killed_at = max(r["version"] for r in consumed(cfg) if r["kind"] == Kind.TRAINED)
         second_log = tmp_path / "second.log"
         wait(start(cmd, second_log), 180, second_log)
     finally:
@@ -103,16 +104,16 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
     second = second_log.read_text()
     assert "resumed from" in second and "at version 3 (lineage 1's checkpoint)" in second
     rows = consumed(cfg)
-    lost_updates = {g for r in rows if r["kind"] == "trained" and r["lineage"] == 1 and r["version"] > 3
+    lost_updates = {g for r in rows if r["kind"] == Kind.TRAINED and r["lineage"] == 1 and r["version"] > 3
                     for g in r["group_ids"]}  # trained after the checkpoint the second start resumed from
-    retrained = {g for r in rows if r["kind"] == "trained" and r["lineage"] == 2 for g in r["group_ids"]}
+    retrained = {g for r in rows if r["kind"] == Kind.TRAINED and r["lineage"] == 2 for g in r["group_ids"]}
     assert lost_updates <= retrained, "a group whose update died with the learner was not trained again"
     if lost_updates:
-        assert any(r["kind"] == "requeued" and lost_updates <= set(r["group_ids"]) for r in rows)
+        assert any(r["kind"] == Kind.REQUEUED and lost_updates <= set(r["group_ids"]) for r in rows)
     audit = audit_run(cfg, redis.Redis.from_url(redis_url))
     assert not audit.trained_twice and not audit.updates_lost and not audit.lost, format_audit(audit, "t")
     assert [e["lineage"] for e in audit.lineages] == [1, 2] and audit.lineages[1]["from_version"] == 3
-    versions = [r["version"] for r in rows if r["kind"] == "trained"]
+    versions = [r["version"] for r in rows if r["kind"] == Kind.TRAINED]
     assert versions[-1] == 7 and killed_at >= 3
     state = read_state(step_dir(cfg.run.path, 7))
     assert (state.version, state.lineage) == (7, 2)

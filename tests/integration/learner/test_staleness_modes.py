@@ -6,6 +6,7 @@ generator tagged each group with, not only against the learner's own record."""
 import pytest
 
 from asyncrlhf.algorithms import generating_version
+from asyncrlhf.consumed import Kind, log_path
 from tests.integration.learner.test_loop import consumed, learner_config, run_learner
 
 pytestmark = pytest.mark.integration
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.integration
 def trained_versions(cfg, actor):
     """Per trained step: (the version trained at, the staleness the learner recorded, the versions the
     generator tagged its groups with)."""
-    rows = [r for r in consumed(cfg) if r["kind"] == "trained"]
+    rows = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     return [(r["version"] - 1, r["staleness"], [actor.generated_by[g] for g in r["group_ids"]]) for r in rows]
 
 
@@ -34,10 +35,10 @@ def test_every_group_is_trained_at_the_staleness_the_mode_fixes(tmp_path, redis_
         assert staleness == [want] * 3, (version, staleness)
         assert generated_by == [generating_version(version, n, mode)] * 3, (version, generated_by)
         assert [version - g for g in generated_by] == staleness
-    assert not [r for r in consumed(cfg) if r["kind"] == "dropped"]
+    assert not [r for r in consumed(cfg) if r["kind"] == Kind.DROPPED]
 
 
-def test_a_group_from_a_missed_push_is_dropped_and_replaced(tmp_path, redis_url, run_name):
+def test_a_group_from_a_missed_push_is_dropped_once_and_replaced(tmp_path, redis_url, run_name):
     # g00000004 is answered by a generator one version behind the one its prompt was enqueued under
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.staleness_mode=exact",
                          "learner.max_staleness=1", "learner.total_steps=5")
@@ -46,12 +47,16 @@ def test_a_group_from_a_missed_push_is_dropped_and_replaced(tmp_path, redis_url,
         return 1 if gid == "g00000004" else 0
 
     learner, actor = run_learner(cfg, redis_url, version_offset=behind)
-    dropped = [r for r in consumed(cfg) if r["kind"] == "dropped"]
+    dropped = [r for r in consumed(cfg) if r["kind"] == Kind.DROPPED]
     assert [(r["group_ids"], r["reason"]) for r in dropped] == [(["g00000004"], "off-schedule")]
     steps = trained_versions(cfg, actor)
     assert len(steps) == 5 and all(len(s) == 3 for _, s, _ in steps)
     assert [s for _, s, _ in steps] == [[0] * 3, [1] * 3, [1] * 3, [1] * 3, [1] * 3]
     assert all(version - g == 1 for version, _, gs in steps[1:] for g in gs)
+    # its credit was released once, under the one token of a group's end: `<kind>:<lineage>:<group id>`
+    tokens = {k.decode().rsplit(":released:", 1)[1] for k in learner.client.scan_iter(match="*:released:*")
+              if run_name in k.decode()}
+    assert "dropped:1:g00000004" in tokens and "dropped:g00000004" not in tokens, tokens
 
 
 def test_a_controlled_run_refuses_to_resume_mid_way(tmp_path, redis_url, run_name):
@@ -70,16 +75,44 @@ def test_exact_staleness_trains_while_the_current_version_generates(tmp_path, re
     # trains on an earlier window's groups while v's are generated, and the push of v + 1 waits for them.
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.staleness_mode=exact",
                          "learner.max_staleness=1", "learner.total_steps=5")
-    log = cfg.run.path / "consumed.jsonl"
+    log = log_path(cfg.run.path)
 
     def answers(version):
         if version == 1:  # the initial policy's window feeds the first step (and the second, N = 1)
             return True
-        trained = [r for r in consumed(cfg) if r["kind"] == "trained"] if log.exists() else []
+        trained = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED] if log.exists() else []
         return any(r["version"] - 1 == version for r in trained)
 
     learner, actor = run_learner(cfg, redis_url, answers=answers)
     steps = trained_versions(cfg, actor)
     assert [s for _, s, _ in steps] == [[0] * 3, [1] * 3, [1] * 3, [1] * 3, [1] * 3]
     assert all(version - g == 1 for version, _, gs in steps[1:] for g in gs)
-    assert not [r for r in consumed(cfg) if r["kind"] == "dropped"]
+    assert not [r for r in consumed(cfg) if r["kind"] == Kind.DROPPED]
+
+
+def test_a_refused_resume_writes_nothing(tmp_path, redis_url, run_name):
+    # The refusal comes before the new lineage's row, before recovery (which may enqueue again and resets
+    # the credits): the consumed log and the run's Redis keys are as the finished run left them.
+    import redis
+
+    from asyncrlhf.streams import GENERATOR_REGISTRY, run_key
+    from services.learner.loop import Learner
+
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.staleness_mode=exact",
+                         "learner.max_staleness=1", "learner.total_steps=2", "learner.checkpoint_every=1")
+    run_learner(cfg, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    log = log_path(cfg.run.path)
+
+    def snapshot():
+        registry = run_key(run_name, GENERATOR_REGISTRY).encode()  # heartbeats expire on their own
+        keys = sorted(k for k in client.scan_iter(match=run_key(run_name, "*"))
+                      if k != registry and not k.startswith(registry + b":"))
+        return log.read_bytes(), {k: client.dump(k) for k in keys}
+
+    before = snapshot()
+    with pytest.raises(RuntimeError, match="cannot resume run"):
+        Learner(cfg)
+    after = snapshot()
+    assert after[0] == before[0], "the refused start appended to the consumed log"
+    assert after[1] == before[1], "the refused start wrote to Redis"

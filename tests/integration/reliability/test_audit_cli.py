@@ -14,6 +14,7 @@ import pytest
 from asyncrlhf._proto.events_pb2 import EVENT_KIND_RUN_FINISHED, Event
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.config import load_config
+from asyncrlhf.consumed import log_path
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import EVENTS, FEED_CURSOR, SCORED, RunStreams, connect
 
@@ -45,7 +46,7 @@ def fake_run(run_dir: Path, server: EmbeddedRedis, trained: list[str], in_scored
     if finished:
         streams.producer(EVENTS).add(Event(event_id="e1", kind=EVENT_KIND_RUN_FINISHED))
     row = {"kind": "trained", "version": 2, "group_ids": trained, "at": 0.0, "staleness": [0] * len(trained)}
-    (run_dir / "consumed.jsonl").write_text(json.dumps(row) + "\n")
+    log_path(run_dir).write_text(json.dumps(row) + "\n")
 
 
 def test_a_finished_run_is_audited_from_a_copy_of_its_append_only_file(tmp_path):

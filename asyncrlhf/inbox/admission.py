@@ -1,0 +1,96 @@
+"""Admission of one scored group: a pure judgement, no Redis and no I/O.
+
+A group is admitted once. In order: a group that already ended for this lineage's model (trained before a
+crash and redelivered) is a duplicate, acked and never trained twice; a group the learner cannot train on is
+dead-lettered; then its staleness is judged. Under `learner.staleness_mode: bound` the judgement is
+`asyncrlhf.algorithms.staleness_decision` (trained as is, corrected, or dropped beyond `max_staleness`),
+with staleness measured by `PolicyVersion.staleness_from` (versions of another lineage do not compare: such a
+group counts as beyond the bound). Under a controlled mode (`exact`, `paper`) a group of the open window's
+version is held until its step, any other is dropped as off-schedule. A group whose earlier training was
+lost with a learner is never dropped: it is enqueued again, sampled afresh from the current weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from asyncrlhf._proto.rollout_pb2 import RolloutGroup
+from asyncrlhf.algorithms import StalenessDecision, staleness_decision
+from asyncrlhf.algorithms.offpolicy import StalePolicy
+from asyncrlhf.training.batch import validate_group
+from asyncrlhf.version import PolicyVersion
+
+OFF_SCHEDULE = "off-schedule"
+
+
+class Action(StrEnum):
+    DUPLICATE = "duplicate"  # ended before: ack, nothing else
+    INVALID = "invalid"  # cannot be trained on: dead-letter (its credit comes back through the reaper)
+    TRAIN = "train"  # into the step being collected
+    HOLD = "hold"  # controlled staleness: kept until the step its version is due
+    DROP = "drop"  # ends untrained
+    REQUEUE = "requeue"  # its update was lost and it would be dropped: enqueue its prompt again
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    decision: StalenessDecision | None = None  # the judgement against `max_staleness` (bound mode)
+    staleness: int = 0  # versions between the sampling weights and the learner's
+    reason: str = ""  # why it is dead-lettered or dropped (empty: beyond the bound)
+    old_lineage: bool = False  # sampled by another lineage's weights
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What admission judges by: `samples_per_prompt`, the staleness bound and policy, and under a
+    controlled mode the version whose window is open (None under `bound`)."""
+
+    samples_per_prompt: int
+    max_staleness: int
+    stale_policy: StalePolicy
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the learner knows of group ids: `ended` for this lineage's model, `retrain` (trained only outside
+    its history: update lost), `held` back for a later step."""
+
+    ended: Set[str]
+    retrain: Set[str] = frozenset()
+    held: Set[str] = frozenset()
+
+
+def admit(group_id: str, group: RolloutGroup, current: PolicyVersion, rules: Rules, known: Known) -> Verdict:
+    """The verdict on scored group `group` (id `group_id`) read by a learner at `current`."""
+    if group_id in known.ended:
+        return Verdict(Action.DUPLICATE)
+    if group_id in known.held:  # re-claimed: the same entry, admitted before
+        return Verdict(Action.HOLD)
+    problem = validate_group(group, rules.samples_per_prompt)
+    if problem:
+        return Verdict(Action.INVALID, reason=f"learner cannot train on it: {problem}")
+    verdict = _judge(group, current, rules)
+    if verdict.action is Action.DROP and group_id in known.retrain:
+        # Dropping it would leave a group logged as trained in no model: sample it again instead.
+        return replace(verdict, action=Action.REQUEUE)
+    return verdict
+
+
+def _judge(group: RolloutGroup, current: PolicyVersion, rules: Rules) -> Verdict:
+    staleness = current.step - group.policy_version
+    if rules.window is not None:
+        if group.policy_version == rules.window:
+            return Verdict(Action.HOLD, staleness=staleness)
+        return Verdict(Action.DROP, staleness=staleness, reason=OFF_SCHEDULE)
+    measured = PolicyVersion(group.lineage, group.policy_version).staleness_from(current)
+    old_lineage = measured is None
+    if measured is None:  # versions of another lineage do not compare: beyond the bound
+        measured = max(rules.max_staleness + 1, staleness)
+    decision = staleness_decision(current.step - measured, current.step, rules.max_staleness,
+                                  rules.stale_policy)
+    action = Action.TRAIN if decision.trained else Action.DROP
+    return Verdict(action, decision, decision.staleness, old_lineage=old_lineage)

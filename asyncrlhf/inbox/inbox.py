@@ -1,0 +1,232 @@
+"""Rank 0's inbox: prompts enqueued under the in-flight bound, scored groups read and admitted, groups ended.
+
+A scored group is admitted once (`asyncrlhf.inbox.admission`). A group ends when it is trained, dropped or
+dead-lettered (`end`: its consumed-log row, its ack, its metric and its credit, released under one token);
+that frees its credit, so the feed enqueues the next prompt. In flight = enqueued - ended; both counters
+live in Redis and survive a restart. The tick keeps house while a step waits: a Redis restart or failover is
+repaired from the consumed log, prompts are enqueued, dead letters reaped, queues observed. How a step is
+collected is the staleness mode's strategy (`Bounded`, or `Windowed` for `exact` and `paper`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence, Set
+from dataclasses import replace
+
+from asyncrlhf.config import Config
+from asyncrlhf.consumed import ConsumedLog, Kind, log_path
+from asyncrlhf.inbox.admission import Action, Known, Rules, Verdict, admit
+from asyncrlhf.inbox.bounded import Bounded
+from asyncrlhf.inbox.feed import PromptFeed
+from asyncrlhf.inbox.ids import enqueued_below
+from asyncrlhf.inbox.metrics import InboxMetrics
+from asyncrlhf.inbox.prompts import PromptSet
+from asyncrlhf.inbox.recovery import Recovery, RedisWatch
+from asyncrlhf.inbox.strategy import StepBatch, Strategy, WhileWaiting
+from asyncrlhf.inbox.windowed import HeldGroups, Windowed, refuse_resume
+from asyncrlhf.streams import (
+    DEAD_LETTER,
+    FEED_CURSOR,
+    FLOW,
+    LEARNER_DEAD_LETTER_CURSOR,
+    LEARNER_FINISHED,
+    LEARNER_GROUP,
+    PROMPTS,
+    SCORED,
+    Delivery,
+    RunStreams,
+)
+from asyncrlhf.training.checkpoint import LearnerState
+from asyncrlhf.version import PolicyVersion
+
+log = logging.getLogger("asyncrlhf.learner")
+_STALE_LABELS = {"keep": "kept", "correct": "corrected", "drop": "dropped"}
+
+
+class Inbox:
+    def __init__(self, cfg: Config, streams: RunStreams, prompts: PromptSet, state: LearnerState,
+                 metrics: InboxMetrics, resumed: bool = False):
+        lc = cfg.learner
+        self.cfg, self.client, self.streams, self.metrics = cfg, streams.client, streams, metrics
+        credits = streams.credits((lc.max_staleness + 1) * lc.groups_per_step)
+        self.feed = PromptFeed(self.client, streams.producer(PROMPTS), credits, prompts,
+                               data_epochs=lc.data_epochs, cursor_key=streams.key(FEED_CURSOR))
+        refuse_resume(lc, cfg.run.name, state.steps, self.feed.cursor)  # before anything is written
+        self.consumer = streams.consumer(SCORED, LEARNER_GROUP, f"learner-{uuid.uuid4().hex[:6]}")
+        self.consumed = ConsumedLog(log_path(cfg.run.path))
+        self.replica_wait = streams.replica_wait()  # WAIT after critical writes (redis.sentinel)
+        self._finished_key = streams.key(LEARNER_FINISHED)
+        self._dlq_cursor_key = streams.key(LEARNER_DEAD_LETTER_CURSOR)
+        # A new lineage continues the checkpoint's (or fresh weights): groups trained after it lost their
+        # update and are trained again.
+        state.lineage = self.consumed.begin(state.lineage if resumed else 0, state.version if resumed else 0)
+        self.lineage = self.feed.lineage = state.lineage
+        metrics.lineage.set(state.lineage)
+        self.recovery = Recovery(streams, self.feed, self.consumed, self._finished_key, metrics)
+        self.recovery.run(state.cursor, state.version)
+        self.watch = RedisWatch(self.client)
+        self.strategy: Strategy = (Bounded(lc) if lc.staleness_mode == "bound"
+                                   else Windowed(lc, HeldGroups(self.consumer, cfg.redis.claim_idle_ms)))
+        self.rules = Rules(cfg.generator.samples_per_prompt, lc.max_staleness, lc.stale_policy)
+        self._unreleased: list[str] = []  # trained, credits freed by `release` after the push
+
+    @property
+    def known_cursor(self) -> int:
+        """The feed cursor as this learner last wrote or read it (no Redis call)."""
+        return self.feed.known_cursor
+
+    @property
+    def known_finished(self) -> int:
+        """Groups below the cursor that ended, from the consumed log (no Redis call)."""
+        return sum(1 for g in self.consumed.ids if enqueued_below(g, self.feed.known_cursor))
+
+    @property
+    def finished(self) -> int:
+        return int(self.client.get(self._finished_key) or 0)
+
+    @property
+    def in_flight(self) -> int:
+        return self.feed.credits.in_flight
+
+    @property
+    def exhausted(self) -> bool:
+        return self.feed.exhausted
+
+    # -- a step: collect, (train), trained, settle, (push), release ------------------------------------------
+
+    def collect(self, version: int, stop: threading.Event, while_waiting: WhileWaiting) -> StepBatch | None:
+        """A step's worth of admitted groups, ticking (and calling `while_waiting`: late generators) between
+        reads. None when stopped or the prompt set is exhausted."""
+        waited = time.perf_counter()
+        batch = self.strategy.collect(self, version, stop, while_waiting)
+        if batch is not None:
+            self.metrics.wait.inc(time.perf_counter() - waited)
+        return batch
+
+    def trained(self, batch: StepBatch, version: int) -> None:
+        """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
+        self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries,
+                 staleness=[s.staleness for s in batch.decisions])
+
+    def settle(self, batch: StepBatch, version: int, stop: threading.Event,
+               while_waiting: WhileWaiting) -> None:
+        """Before pushing the version after `version` (`batch` trained, its credits not yet freed): what the
+        strategy waits for (a controlled mode: every group enqueued under `version`)."""
+        waited = time.perf_counter()
+        self.strategy.settle(self, version, len(batch.deliveries), stop, while_waiting)
+        self.metrics.wait.inc(time.perf_counter() - waited)
+
+    def release(self, version: int) -> None:
+        """Free the trained step's credits and enqueue the next prompts at once; then wait for the replicas
+        to hold the step's Redis writes (its acks, the finished count, the new prompts and the cursor)."""
+        self._free(Kind.TRAINED, self._unreleased)
+        self._unreleased = []
+        self._fill(version)
+        self.replica_wait(f"step to version {version}")
+
+    # -- what a strategy uses ------------------------------------------------------------------------------
+
+    def tick(self, version: int, while_waiting: WhileWaiting) -> None:
+        """Housekeeping between reads: repair a Redis restart or failover (the groups admitted and not yet
+        trained count as present), enqueue what credits allow, call `while_waiting`, reap dead letters and
+        observe the queues."""
+        if self.watch.restarted():
+            self.recovery.run(self.feed.known_cursor, version, self.strategy.holding(),
+                              frozenset(self._unreleased))
+        if self._fill(version):
+            self.replica_wait(f"enqueueing prompts at version {version}")
+        while_waiting()
+        self._reap_dead_letters(version)
+        self._observe_queues()
+
+    def read(self, n: int) -> list[Delivery]:
+        return self.consumer.read(n)
+
+    def receive(self, delivery: Delivery, version: int, window: int | None = None,
+                held: Set[str] = frozenset()) -> Verdict:
+        """Admit one delivery at `version` (`window`, `held`: a controlled mode's open window and held ids)
+        and do what the verdict asks, except to train or hold it: that is the strategy's."""
+        rules = self.rules if window is None else replace(self.rules, window=window)
+        known = Known(self.consumed.ids, self.recovery.retrain, held)
+        current = PolicyVersion(self.lineage, version)
+        verdict = admit(delivery.identity, delivery.message, current, rules, known)
+        if verdict.decision is not None and verdict.old_lineage:
+            self.metrics.old_lineage.labels(_STALE_LABELS[verdict.decision.action]).inc()
+        if verdict.decision is not None and verdict.decision.action != "fresh":
+            self.metrics.stale.labels(_STALE_LABELS[verdict.decision.action]).inc()
+        if verdict.action in (Action.DUPLICATE, Action.REQUEUE):
+            self.consumer.ack([delivery])
+        if verdict.action is Action.REQUEUE:  # its earlier training was lost: sample it again
+            self.recovery.requeue([delivery.identity], version, "stale_retrain")
+        elif verdict.action is Action.INVALID:  # its credit comes back through the dead-letter scan
+            self.consumer.dead_letter(delivery, verdict.reason)
+        elif verdict.action is Action.DROP:
+            self._drop(delivery, version, verdict)
+        return verdict
+
+    def _drop(self, delivery: Delivery, version: int, verdict: Verdict) -> None:
+        row: dict = {"staleness": verdict.staleness}
+        if verdict.reason:
+            log.warning("group %s generated by version %d, read at %d: dropped (%s)", delivery.identity,
+                        delivery.message.policy_version, version, verdict.reason)
+            row["reason"] = verdict.reason
+        self.end(Kind.DROPPED, version, [delivery.identity], [delivery], **row)
+
+    # -- where a group ends ---------------------------------------------------------------------------------
+
+    def end(self, kind: Kind, version: int, group_ids: list[str], acked: Sequence[Delivery] = (),
+            **row) -> None:
+        """The one place groups end (trained, dropped or dead-lettered): the consumed-log row (fsynced
+        first), the ack of `acked`, the metric, and the credits, released under one token per ending (a
+        trained step's after its push, by `release`)."""
+        self.consumed.append(kind, version, group_ids, **row)
+        self.recovery.retrain.difference_update(group_ids)
+        if acked:
+            self.consumer.ack(list(acked))
+        self.metrics.groups.labels(kind).inc(len(group_ids))
+        if kind is Kind.TRAINED:
+            self._unreleased = list(group_ids)
+        else:
+            self._free(kind, group_ids)
+
+    def _free(self, kind: Kind, group_ids: list[str]) -> None:
+        """Count the groups finished and free their credits, once per token (see `PromptCredits.release`): the
+        ending's kind, the lineage and its first group id, since each group ends once per lineage."""
+        if group_ids:
+            token = f"{kind}:{self.lineage}:{group_ids[0]}"
+            self.metrics.in_flight.set(self.feed.credits.release(len(group_ids), token,
+                                                                 finished_key=self._finished_key))
+
+    # -- housekeeping --------------------------------------------------------------------------------------
+
+    def _fill(self, version: int) -> int:
+        """Enqueue what credits allow while the strategy enqueues at `version`; how many groups."""
+        return self.feed.fill(version) if self.strategy.enqueues(version) else 0
+
+    def _reap_dead_letters(self, version: int) -> None:
+        """Dead-lettered groups of this run will never arrive: they end, freeing their credits."""
+        cursor = self.client.get(self._dlq_cursor_key)
+        # redis-py's stub says bytes | str; without decode_responses GET returns bytes
+        entries = self.streams.dead_letters(count=1000, after=cursor)  # type: ignore[arg-type]
+        if not entries:
+            return
+        streams = {spec.name for spec, _ in FLOW}
+        lost = [d.identity for d in entries
+                if d.stream in streams and d.identity not in self.consumed.ids
+                and self.feed.enqueued(d.identity)]
+        lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) ends once
+        if lost:
+            self.end(Kind.DEAD_LETTERED, version, lost)
+        self.client.set(self._dlq_cursor_key, entries[-1].entry_id)
+        self.metrics.dead_letters.set(self.client.xlen(self.streams.key(DEAD_LETTER)))
+
+    def _observe_queues(self) -> None:
+        for spec, group in FLOW:
+            s = self.streams.stats(spec, group)
+            self.metrics.queue_depth.labels(spec.name).set(s.length)
+            self.metrics.queue_lag.labels(spec.name).set(s.lag)
+        self.metrics.in_flight.set(self.feed.credits.in_flight)

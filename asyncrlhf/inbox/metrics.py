@@ -1,0 +1,21 @@
+"""The metrics the inbox records, as the learner service's registry provides them (names and help texts
+live with the service's `LearnerMetrics`; `asyncrlhf.metrics` owns the names)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from prometheus_client import Counter, Gauge
+
+
+class InboxMetrics(Protocol):
+    groups: Counter  # groups ended, by outcome
+    stale: Counter  # groups beyond max_staleness, by action
+    old_lineage: Counter  # groups sampled by an older lineage's weights, by action
+    requeued: Counter  # groups enqueued again, by reason
+    wait: Counter  # seconds waiting for scored groups
+    in_flight: Gauge
+    queue_depth: Gauge
+    queue_lag: Gauge
+    dead_letters: Gauge
+    lineage: Gauge

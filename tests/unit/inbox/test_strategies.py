@@ -1,0 +1,111 @@
+"""The two ways a step is collected, behind one interface, against a stand-in inbox (no Redis): `Bounded`
+takes admitted groups as they come; `Windowed` holds them until the step their version is due."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from asyncrlhf.config import load_config
+from asyncrlhf.inbox.admission import Action, Known, Rules, admit
+from asyncrlhf.inbox.bounded import Bounded
+from asyncrlhf.inbox.strategy import Strategy
+from asyncrlhf.inbox.windowed import HeldGroups, Windowed
+from asyncrlhf.streams import Delivery
+from asyncrlhf.version import PolicyVersion
+from tests.unit.inbox.test_admission import K, group
+
+pytestmark = pytest.mark.unit
+
+
+def delivery(index: int, version: int) -> Delivery:
+    g = group(version, lineage=1, gid=f"g0000000{index}")
+    return Delivery(f"{index}-0".encode(), g.group_id, g, 1)
+
+
+class Desk:
+    """The inbox as a strategy sees it: arrivals in order, a credit count, every tick recorded."""
+
+    def __init__(self, strategy: Strategy, arriving: list[Delivery], in_flight: int):
+        self.strategy, self.arriving, self.in_flight, self.exhausted = strategy, arriving, in_flight, False
+        self.stop = threading.Event()
+        self.ticks: list[set[str]] = []  # what the strategy held at each tick
+
+    def tick(self, version, while_waiting) -> None:
+        self.ticks.append(set(self.strategy.holding()))
+        while_waiting()
+        if len(self.ticks) > 20:  # a strategy waiting for what never comes
+            self.stop.set()
+
+    def read(self, n: int) -> list[Delivery]:
+        out, self.arriving = self.arriving[:n], self.arriving[n:]
+        return out
+
+    def receive(self, d: Delivery, version: int, window=None, held=frozenset()):
+        rules = Rules(K, max_staleness=1, stale_policy="drop", window=window)
+        known = Known(frozenset(), held=held)
+        verdict = admit(d.identity, d.message, PolicyVersion(1, version), rules, known)
+        if verdict.action is Action.DROP:  # it ends: its credit is freed
+            self.in_flight -= 1
+        return verdict
+
+
+def learner(mode: str):
+    return load_config(["configs/tiny.yaml"], [f"learner.staleness_mode={mode}", "learner.max_staleness=1",
+                                               "learner.groups_per_step=2"]).learner
+
+
+def collect(desk: Desk, version: int):
+    return desk.strategy.collect(desk, version, desk.stop, lambda: None)
+
+
+def test_bounded_takes_the_first_admitted_groups_in_id_order_and_skips_dropped_ones():
+    strategy = Bounded(learner("bound"))
+    # at version 3 with max_staleness 1: g2 (version 1) is 2 old, dropped; g3 and g1 are fresh
+    desk = Desk(strategy, [delivery(3, 3), delivery(2, 1), delivery(1, 2)], in_flight=3)  # g2 ends: 2 left
+    batch = collect(desk, 3)
+    assert batch is not None and batch.ids() == ["g00000001", "g00000003"]
+    assert [d.staleness for d in batch.decisions] == [1, 0]  # 3 - 2, 3 - 3
+    assert desk.ticks == [set(), {"g00000003"}]  # a restart mid-collection counts them as present
+    assert strategy.holding() == set()
+
+
+def test_bounded_stops_when_the_prompt_set_is_exhausted_and_nothing_is_in_flight():
+    desk = Desk(Bounded(learner("bound")), [], in_flight=0)
+    desk.exhausted = True
+    assert collect(desk, 1) is None
+
+
+def test_windowed_waits_for_the_whole_window_when_a_step_trains_its_own_groups():
+    strategy = Windowed(learner("exact"), HeldGroups(consumer=None, claim_idle_ms=10**9))
+    # exact, N = 1, version 1: the initial policy's groups train step 1, and its window is the one open
+    arriving = [delivery(4, 1), delivery(1, 1), delivery(2, 0), delivery(3, 1)]
+    desk = Desk(strategy, arriving, in_flight=4)
+    batch = collect(desk, 1)
+    assert batch is not None and batch.ids() == ["g00000001", "g00000003"]  # the lowest ids of version 1
+    assert strategy.holding() == {"g00000004"}  # g2 (version 0) was off-schedule: dropped, not held
+    assert desk.arriving == []  # every enqueued group arrived before the step
+
+
+def test_windowed_trains_an_earlier_window_while_the_current_one_generates():
+    strategy = Windowed(learner("exact"), HeldGroups(consumer=None, claim_idle_ms=10**9))
+    desk = Desk(strategy, [delivery(1, 1), delivery(2, 1)], in_flight=4)
+    assert collect(desk, 1) is None  # 2 of 4 arrived, none more comes: stopped (the desk's bound)
+    later = Desk(strategy, [], in_flight=2)
+    batch = collect(later, 2)  # version 2 trains version 1's groups at once
+    assert batch is not None and batch.ids() == ["g00000001", "g00000002"]
+    assert [d.staleness for d in batch.decisions] == [1, 1]
+
+
+def test_windowed_refuses_a_step_that_nothing_in_flight_can_fill():
+    strategy = Windowed(learner("exact"), HeldGroups(consumer=None, claim_idle_ms=10**9))
+    with pytest.raises(RuntimeError, match="needs 2 groups of version 1, 1 are left and none is in flight"):
+        collect(Desk(strategy, [delivery(1, 1)], in_flight=1), 1)
+
+
+def test_windowed_settles_once_every_group_of_the_window_arrived():
+    strategy = Windowed(learner("exact"), HeldGroups(consumer=None, claim_idle_ms=10**9))
+    desk = Desk(strategy, [delivery(5, 2), delivery(6, 2)], in_flight=4)  # 2 trained, 2 still coming
+    strategy.settle(desk, 2, 2, desk.stop, lambda: None)
+    assert strategy.holding() == {"g00000005", "g00000006"} and not desk.stop.is_set()
