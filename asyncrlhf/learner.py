@@ -45,6 +45,5 @@ def build_learner(cfg: Config) -> LearnerParts:
     tokenizer = load_tokenizer(cfg.model)
     objective = make_objective(cfg)
     models = build_models(cfg, objective)
-    trainer = Trainer(cfg, models.policy, models.reference, models.value, objective=objective,
-                      pad_id=tokenizer.pad_token_id, rank=rank, world=world)
+    trainer = Trainer(cfg, models, objective=objective, pad_id=tokenizer.pad_token_id, rank=rank, world=world)
     return LearnerParts(cfg, rank, world, tokenizer, objective, models, trainer)

@@ -26,7 +26,7 @@ from torch import nn
 from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import CausalLM, is_lora, load_policy, resolve_device, set_threads
-from asyncrlhf.sampling import Completion, Finish, TokenScore
+from asyncrlhf.sampling.backend import Completion, Finish, TokenScore
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 from asyncrlhf.weights.target import swap_in

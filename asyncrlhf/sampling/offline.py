@@ -16,7 +16,7 @@ from torch import nn
 
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import is_lora, resolve_device
-from asyncrlhf.sampling import Backend, Completion
+from asyncrlhf.sampling.backend import Backend, Completion
 from asyncrlhf.sampling.hf import HFBackend, completion_logprobs, left_pad
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
@@ -100,7 +100,7 @@ class PolicySampler:
                 policy, self.tokenizer.pad_token_id, eos_ids(policy, self.tokenizer), self.device
             )
         if self._vllm is None:
-            from asyncrlhf.sampling import create_backend
+            from asyncrlhf.sampling.factory import create_backend
 
             generator = self.cfg.generator.model_copy(update={"backend": "vllm", "device": str(self.device)})
             lora = self.cfg.learner.lora.model_copy(update={"enabled": is_lora(policy)})

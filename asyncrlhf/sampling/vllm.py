@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.config import Config, LoraConfig, SamplingConfig
-from asyncrlhf.sampling import Completion, TokenScore
+from asyncrlhf.sampling.backend import Completion, TokenScore
 from asyncrlhf.sampling.vllm_engine import (
     engine_settings,
     in_process,

@@ -18,29 +18,28 @@ import torch
 
 from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config, PPOLearnerConfig
-from asyncrlhf.models import ReferencePolicy, per_token_scores
+from asyncrlhf.models import per_token_scores
 from asyncrlhf.training.batch import SequenceBatch, TrainGroup, build_batch
 from asyncrlhf.training.objectives import Objective, Totals
+from asyncrlhf.training.policies import LearnerModels
 
 
 class Trainer:
     def __init__(
         self,
         cfg: Config,
-        policy,  # DeepSpeed engine of the policy
-        reference: ReferencePolicy | None,
-        value=None,  # DeepSpeed engine of the value model (PPO)
+        models: LearnerModels,  # the policy's engine, the reference, the value model's engine (PPO)
         *,
         objective: Objective,
         pad_id: int,
         rank: int = 0,
         world: int = 1,
     ):
-        self.cfg, self.policy, self.reference, self.value = cfg, policy, reference, value
+        self.cfg, self.policy, self.reference, self.value = cfg, models.policy, models.reference, models.value
         self.objective, self.pad_id, self.rank, self.world = objective, pad_id, rank, world
         self.temperature = cfg.generator.sampling.temperature
         self.micro_batch_size = cfg.learner.micro_batch_size
-        self.device = policy.device
+        self.device = self.policy.device
         # Dropout off: the frozen pass and the update see the same function (ratio exactly 1 on-policy).
         self.policy.eval()
         if self.value is not None:
@@ -102,6 +101,7 @@ class Trainer:
 
     def _values(self, micro: SequenceBatch) -> torch.Tensor:
         """(B, T) value of the state before each completion token (the hidden state that predicts it)."""
+        assert self.value is not None, "values are computed only for an objective with a value model"
         width = micro.completion_width
         values = per_token_scores(
             self.value.module, micro.input_ids, micro.attention_mask, micro.position_ids
@@ -153,7 +153,7 @@ class Trainer:
                 values = self._values(micro)
             out = self.objective.loss(micro, logps, values, totals)
             self.policy.backward(out.policy * scale, scale_wrt_gas=False)
-            if out.value is not None:
+            if out.value is not None and self.value is not None:
                 self.value.backward(out.value * scale, scale_wrt_gas=False)
             if len(units):
                 real += 1

@@ -23,6 +23,7 @@ from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling import Completion
 from asyncrlhf.sampling.rollouts import rollout_group
 from asyncrlhf.streams import Consumer, Delivery, Producer
+from asyncrlhf.version import PolicyVersion
 from services.generator.server import WeightSwap
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ class GeneratorLoop:
             self.metrics.failed_groups.inc(len(work))
             return 0
         seconds, generated_at = time.perf_counter() - start, time.time()
-        groups = [rollout_group(d.message, c, version, self.generator_id, started_at, generated_at,
-                                self._decode, lineage)
+        groups = [rollout_group(d.message, c, PolicyVersion(lineage, version), self.generator_id,
+                                started_at, generated_at, self._decode)
                   for (d, _, _), c in zip(work, completions, strict=True)]
         self.consumer.ack([d for d, _, _ in work], groups, to=self.producer)
         self._record(completions, seconds)

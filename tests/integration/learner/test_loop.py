@@ -13,6 +13,7 @@ from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
 from asyncrlhf.training import engine
 from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.policies import LearnerModels
 from asyncrlhf.training.trainer import Trainer
 from services.learner.loop import Learner
 from tests.integration.learner.actor import Actor, scored_group
@@ -56,7 +57,7 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
     engine.init_distributed()
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
     reference = ReferencePolicy(load_policy(cfg.model))
-    trainer = Trainer(cfg, policy, reference, objective=make_objective(cfg), pad_id=0)
+    trainer = Trainer(cfg, LearnerModels(policy, reference, None), objective=make_objective(cfg), pad_id=0)
     for step, row in enumerate(rows, start=1):
         groups = [TrainGroup(scored_group(actor.prompts[gid], step)) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)

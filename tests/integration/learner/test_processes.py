@@ -20,6 +20,7 @@ from asyncrlhf.training import engine
 from asyncrlhf.training.batch import TrainGroup
 from asyncrlhf.training.checkpoint import HF, latest_version, read_state, step_dir
 from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.policies import LearnerModels
 from asyncrlhf.training.trainer import Trainer
 from tests.integration.learner.actor import Actor, scored_group
 from tests.integration.learner.test_loop import consumed
@@ -47,7 +48,7 @@ def sync_weights(cfg, rows, prompts):
     engine.init_distributed()
     policy = engine.initialize(load_policy(cfg.model), cfg.learner)
     reference = ReferencePolicy(load_policy(cfg.model))
-    trainer = Trainer(cfg, policy, reference, objective=make_objective(cfg), pad_id=0)
+    trainer = Trainer(cfg, LearnerModels(policy, reference, None), objective=make_objective(cfg), pad_id=0)
     for step, row in enumerate(rows, start=1):
         groups = [TrainGroup(scored_group(prompts[gid], step)) for gid in row["group_ids"]]
         trainer.train_step(groups, step_seed=cfg.run.seed + step)

@@ -11,6 +11,7 @@ from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
 from asyncrlhf.training import engine
 from asyncrlhf.training.batch import build_batch
 from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.policies import LearnerModels
 from asyncrlhf.training.trainer import Trainer
 from services.learner.metrics import LearnerMetrics, step_summary
 from tests.integration.learner.groups import scored_groups, train_groups
@@ -26,7 +27,7 @@ def make_trainer(*overrides: str, lora: bool = False):
     policy = engine.initialize(load_policy(cfg.model, lora=cfg.learner.lora), cfg.learner)
     reference = ReferencePolicy(policy.module if lora else load_policy(cfg.model))
     value = engine.initialize(load_score_model(cfg.model), cfg.learner) if objective.needs_values else None
-    return Trainer(cfg, policy, reference, value, objective=objective, pad_id=0), policy
+    return Trainer(cfg, LearnerModels(policy, reference, value), objective=objective, pad_id=0), policy
 
 
 def sequence_logps(model, groups):

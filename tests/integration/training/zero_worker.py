@@ -15,6 +15,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import make_objective
+from asyncrlhf.training.policies import LearnerModels
 from asyncrlhf.training.trainer import Trainer
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
@@ -48,7 +49,8 @@ def case(stage: int, lora: bool, rank: int, out_dir: str) -> dict:
     policy = engine.initialize(load_policy(cfg.model, lora=lc.lora), lc)
     group = engine.optimizer_of(policy).param_groups[0]
     reference = ReferencePolicy(policy.module if lora else load_policy(cfg.model))
-    trainer = Trainer(cfg, policy, reference, objective=make_objective(cfg), pad_id=0, rank=rank, world=2)
+    trainer = Trainer(cfg, LearnerModels(policy, reference, None), objective=make_objective(cfg), pad_id=0,
+                      rank=rank, world=2)
     before = engine.full_state_dict(policy.module, lc.deepspeed.zero_stage, lora)
     for step in range(2):
         trainer.train_step(train_groups(scored_groups(4, 2, seed=step)), step_seed=step)

@@ -4,6 +4,7 @@ from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup
 from asyncrlhf.models import build_tiny_tokenizer
 from asyncrlhf.sampling import Completion
 from asyncrlhf.sampling.rollouts import rollout_group
+from asyncrlhf.version import PolicyVersion
 from services.generator.loop import prompt_token_ids
 
 pytestmark = pytest.mark.unit
@@ -13,8 +14,8 @@ def test_rollout_group_carries_identity_version_and_every_sample():
     prompt = PromptGroup(group_id="g1", prompt_token_ids=[5, 6], k=2)
     completions = [Completion([7, 2], [-0.5, -0.25], "stop"),
                    Completion([8, 9, 10], [-1.0, -2.0, -3.0], "length")]
-    group = rollout_group(prompt, completions, version=4, generator_id="gen-a", started_at=10.0,
-                          generated_at=12.5, decode=lambda ids: ",".join(map(str, ids)))
+    group = rollout_group(prompt, completions, version=PolicyVersion(0, 4), generator_id="gen-a",
+                          started_at=10.0, generated_at=12.5, decode=lambda ids: ",".join(map(str, ids)))
     assert (group.group_id, group.policy_version, group.generator_id) == ("g1", 4, "gen-a")
     assert (group.generation_started_at, group.generated_at, group.prompt) == (10.0, 12.5, prompt)
     assert [list(s.completion_token_ids) for s in group.samples] == [[7, 2], [8, 9, 10]]
