@@ -85,7 +85,7 @@ def _stop(proc, conn) -> None:
 def memcpy_gbps(state: Mapping[str, torch.Tensor]) -> float:
     """One copy of every tensor into a preallocated, already-touched buffer (as the receivers' staging is
     after the first push): the floor of any same-host move. A fresh buffer would time its page faults too
-    (measured here: 5.5 GB/s cold against 19 warm), and flatter every push compared with it."""
+    (docs/benchmarks.md gives the figures), and flatter every push compared with it."""
     dst = {k: torch.empty_like(v) for k, v in state.items()}
     for k, v in state.items():
         dst[k].copy_(v)  # first touch, not timed
