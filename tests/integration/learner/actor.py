@@ -66,7 +66,7 @@ class Actor:
                 time.sleep(0.02)
                 continue
             deliveries = consumer.read(8, block_ms=50)
-            version = step
+            version = self.receiver.version.step  # read again: a push may land while the read blocks
             groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity)))
                       for d in deliveries]
             consumer.ack(deliveries, groups, to=out)
