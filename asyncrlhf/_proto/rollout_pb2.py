@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61syncrlhf/v1/rollout.proto\x12\x0c\x61syncrlhf.v1\"\xcc\x01\n\x0bPromptGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\r\x12\x13\n\x0b\x65nqueued_at\x18\x05 \x01(\x01\x12\x17\n\x0flearner_version\x18\x06 \x01(\x04\x12\x15\n\rdataset_index\x18\x07 \x01(\x04\x12\r\n\x05\x65poch\x18\x08 \x01(\r\x12\x0f\n\x07lineage\x18\t \x01(\x04\x12\x11\n\treference\x18\n \x01(\t\"\x99\x02\n\x06Sample\x12\x1c\n\x14\x63ompletion_token_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.asyncrlhf.v1.FinishReason\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x13\n\x06reward\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x45\n\x11reward_components\x18\x06 \x03(\x0b\x32*.asyncrlhf.v1.Sample.RewardComponentsEntry\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\t\n\x07_reward\"\x8c\x02\n\x0cRolloutGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12)\n\x06prompt\x18\x02 \x01(\x0b\x32\x19.asyncrlhf.v1.PromptGroup\x12%\n\x07samples\x18\x03 \x03(\x0b\x32\x14.asyncrlhf.v1.Sample\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x14\n\x0cgenerator_id\x18\x05 \x01(\t\x12\x1d\n\x15generation_started_at\x18\x06 \x01(\x01\x12\x14\n\x0cgenerated_at\x18\x07 \x01(\x01\x12\x11\n\tscored_at\x18\x08 \x01(\x01\x12\x11\n\tscorer_id\x18\t \x01(\t\x12\x0f\n\x07lineage\x18\n \x01(\x04*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61syncrlhf/v1/rollout.proto\x12\x0c\x61syncrlhf.v1\"\xa6\x02\n\x0bPromptGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\r\x12\x13\n\x0b\x65nqueued_at\x18\x05 \x01(\x01\x12\x17\n\x0flearner_version\x18\x06 \x01(\x04\x12\x15\n\rdataset_index\x18\x07 \x01(\x04\x12\r\n\x05\x65poch\x18\x08 \x01(\r\x12\x0f\n\x07lineage\x18\t \x01(\x04\x12\x11\n\treference\x18\n \x01(\t\x12-\n\x0fpartial_samples\x18\x0b \x03(\x0b\x32\x14.asyncrlhf.v1.Sample\x12\x17\n\x0fpartial_lineage\x18\x0c \x01(\x04\x12\x10\n\x08handoffs\x18\r \x01(\r\"\xc9\x02\n\x06Sample\x12\x1c\n\x14\x63ompletion_token_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.asyncrlhf.v1.FinishReason\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x13\n\x06reward\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\x45\n\x11reward_components\x18\x06 \x03(\x0b\x32*.asyncrlhf.v1.Sample.RewardComponentsEntry\x12\x16\n\x0etoken_versions\x18\x07 \x03(\x04\x12\x16\n\x0e\x63ontinued_from\x18\x08 \x01(\r\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\t\n\x07_reward\"\x8c\x02\n\x0cRolloutGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12)\n\x06prompt\x18\x02 \x01(\x0b\x32\x19.asyncrlhf.v1.PromptGroup\x12%\n\x07samples\x18\x03 \x03(\x0b\x32\x14.asyncrlhf.v1.Sample\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x14\n\x0cgenerator_id\x18\x05 \x01(\t\x12\x1d\n\x15generation_started_at\x18\x06 \x01(\x01\x12\x14\n\x0cgenerated_at\x18\x07 \x01(\x01\x12\x11\n\tscored_at\x18\x08 \x01(\x01\x12\x11\n\tscorer_id\x18\t \x01(\t\x12\x0f\n\x07lineage\x18\n \x01(\x04*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,14 +33,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLE_REWARDCOMPONENTSENTRY']._loaded_options = None
   _globals['_SAMPLE_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=806
-  _globals['_FINISHREASON']._serialized_end=901
+  _globals['_FINISHREASON']._serialized_start=944
+  _globals['_FINISHREASON']._serialized_end=1039
   _globals['_PROMPTGROUP']._serialized_start=45
-  _globals['_PROMPTGROUP']._serialized_end=249
-  _globals['_SAMPLE']._serialized_start=252
-  _globals['_SAMPLE']._serialized_end=533
-  _globals['_SAMPLE_REWARDCOMPONENTSENTRY']._serialized_start=467
-  _globals['_SAMPLE_REWARDCOMPONENTSENTRY']._serialized_end=522
-  _globals['_ROLLOUTGROUP']._serialized_start=536
-  _globals['_ROLLOUTGROUP']._serialized_end=804
+  _globals['_PROMPTGROUP']._serialized_end=339
+  _globals['_SAMPLE']._serialized_start=342
+  _globals['_SAMPLE']._serialized_end=671
+  _globals['_SAMPLE_REWARDCOMPONENTSENTRY']._serialized_start=605
+  _globals['_SAMPLE_REWARDCOMPONENTSENTRY']._serialized_end=660
+  _globals['_ROLLOUTGROUP']._serialized_start=674
+  _globals['_ROLLOUTGROUP']._serialized_end=942
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class PromptGroup(_message.Message):
-    __slots__ = ("group_id", "prompt", "prompt_token_ids", "k", "enqueued_at", "learner_version", "dataset_index", "epoch", "lineage", "reference")
+    __slots__ = ("group_id", "prompt", "prompt_token_ids", "k", "enqueued_at", "learner_version", "dataset_index", "epoch", "lineage", "reference", "partial_samples", "partial_lineage", "handoffs")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,9 @@ class PromptGroup(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    HANDOFFS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -38,10 +41,13 @@ class PromptGroup(_message.Message):
     epoch: int
     lineage: int
     reference: str
-    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ..., lineage: _Optional[int] = ..., reference: _Optional[str] = ...) -> None: ...
+    partial_samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    partial_lineage: int
+    handoffs: int
+    def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ..., lineage: _Optional[int] = ..., reference: _Optional[str] = ..., partial_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., partial_lineage: _Optional[int] = ..., handoffs: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("completion_token_ids", "logprobs", "finish_reason", "text", "reward", "reward_components")
+    __slots__ = ("completion_token_ids", "logprobs", "finish_reason", "text", "reward", "reward_components", "token_versions", "continued_from")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -55,13 +61,17 @@ class Sample(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_FROM_FIELD_NUMBER: _ClassVar[int]
     completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: FinishReason
     text: str
     reward: float
     reward_components: _containers.ScalarMap[str, float]
-    def __init__(self, completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    token_versions: _containers.RepeatedScalarFieldContainer[int]
+    continued_from: int
+    def __init__(self, completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., token_versions: _Optional[_Iterable[int]] = ..., continued_from: _Optional[int] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("group_id", "prompt", "samples", "policy_version", "generator_id", "generation_started_at", "generated_at", "scored_at", "scorer_id", "lineage")
