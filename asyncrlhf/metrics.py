@@ -55,6 +55,9 @@ GENERATOR_POLICY_VERSION = _metric("generator", "policy_version")  # label: gene
 GENERATOR_WEIGHT_APPLY_SECONDS = _metric("generator", "weight_apply", "seconds")  # histogram
 GENERATOR_WEIGHT_UPDATES_TOTAL = _metric("generator", "weight_updates", "total")
 GENERATOR_PROMPTS_PENDING = _metric("generator", "prompts_pending")
+GENERATOR_ENGINE_OCCUPANCY = _metric("generator", "engine_occupancy")  # continuous: running / capacity
+GENERATOR_CONTINUED_SAMPLES_TOTAL = _metric("generator", "continued_samples", "total")
+GENERATOR_HANDED_ON_SAMPLES_TOTAL = _metric("generator", "handed_on_samples", "total")
 
 REWARD_GROUPS_SCORED_TOTAL = _metric("reward", "groups_scored", "total")
 REWARD_SAMPLES_SCORED_TOTAL = _metric("reward", "samples_scored", "total")  # label: source

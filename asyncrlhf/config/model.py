@@ -97,6 +97,10 @@ class VLLMConfig(Section):
         "MULTIPROCESSING=0) instead of a process of its own. None: true on CPU (the separate engine process "
         "busy-polls a core, which a small host needs for the model: docs/benchmarks.md), false on GPU (the "
         "separate process overlaps scheduling with the GPU's work).")
+    inflight_kv: Literal["keep", "recompute"] = Field(
+        "keep", description="Continuous mode: after a push, sequences in flight keep the KV cache the old "
+        "weights computed (`keep`, PipelineRL's choice: no recompute) or are prefilled again under the new "
+        "weights (`recompute`); docs/pipeline.md measures both.")
 
 
 class GeneratorConfig(Section):
@@ -110,6 +114,20 @@ class GeneratorConfig(Section):
     replicas: int = Field(1, ge=1, description="Generator processes `asyncrlhf up` starts.")
     samples_per_prompt: int = Field(4, ge=1, description="k: completions sampled per prompt group.")
     batch_prompts: int = Field(8, ge=1, description="Prompt groups sampled together in one backend call.")
+    mode: Literal["batch", "continuous"] = Field(
+        "batch", description="`batch`: read up to batch_prompts groups, sample them, write them when the "
+        "longest sample ends, apply pushes between batches. `continuous` (vLLM backend): keep the engine "
+        "full, start a group whenever k slots free up, write each group the step it ends, apply a push "
+        "between two engine steps (tokens carry the version that sampled them), hand unfinished samples on "
+        "at a stop. The HF backend has no step-wise engine: it runs `batch` whatever this says, and says so.")
+    max_running_samples: int = Field(
+        0, ge=0, description="Continuous mode: samples in the engine at once (0: batch_prompts x "
+        "samples_per_prompt, the batch mode's). A group starts when k of them are free.")
+    save_every_tokens: int = Field(
+        32, ge=1, description="Continuous mode: save each group's samples in flight to Redis whenever they "
+        "have grown by this many tokens since the last save, so a SIGKILLed generator loses at most this "
+        "many tokens per sample (another continues from the save). 32: a few saves per 192-token answer, "
+        "each one small HSET, against regenerating whole samples.")
     sampling: SamplingConfig = SamplingConfig()
     device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`.")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: leave torch's default).")

@@ -28,11 +28,16 @@ class Completion:
         temperature), what the learner's `token_logprobs` recomputes; with truncation the importance ratio
         pi/mu is the one to the distribution actually sampled.
     finish: "stop" when EOS ended it, "length" when it hit max_new_tokens.
+    versions: the policy step that sampled each token, when weights changed mid-sample (continuous mode);
+        empty when one version sampled them all (batch mode: the version the caller holds).
+    continued_from: how many leading tokens another generator sampled before it handed the sample on.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish: Finish
+    versions: tuple[int, ...] = ()
+    continued_from: int = 0
 
 
 class Backend(WeightTarget, Protocol):

@@ -95,6 +95,8 @@ class VLLMBackend:
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._version = 0
         self._lora_request: Any = None
+        self.driver: Any = None  # a VLLMStepEngine stepping this engine (continuous mode): requests go to it
+        self.recompute_inflight = False  # after a push, running sequences re-compute their KV cache
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(work_dir), True)
 
     @classmethod
@@ -123,6 +125,11 @@ class VLLMBackend:
     def version(self) -> int:
         return self._version
 
+    @property
+    def lora_request(self) -> Any:
+        """The adapter requests are served with (unmerged LoRA), else None."""
+        return self._lora_request
+
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.skeleton
 
@@ -143,15 +150,17 @@ class VLLMBackend:
 
         if self.in_process:
             self.llm.collective_rpc("asyncrlhf_reload_weights", args=(dict(tensors),))
-            self.llm.reset_prefix_cache()
-            return
-        path = self.work_dir / "push.safetensors"
-        save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
-        try:
-            self.llm.collective_rpc("asyncrlhf_reload_weights", args=(str(path),))
-        finally:
-            path.unlink(missing_ok=True)
-        self.llm.reset_prefix_cache()
+        else:
+            path = self.work_dir / "push.safetensors"
+            save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
+            try:
+                self.llm.collective_rpc("asyncrlhf_reload_weights", args=(str(path),))
+            finally:
+                path.unlink(missing_ok=True)
+        # Cached KV blocks were computed by the old weights. With sequences in flight (continuous mode) the
+        # cache resets only when they re-compute (`recompute_inflight`); kept, they and any prompt sharing a
+        # cached prefix attend to the old weights' KV (vllm_stepping's docstring).
+        self.llm.llm_engine.reset_prefix_cache(reset_running_requests=self.recompute_inflight)
 
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:
@@ -160,9 +169,19 @@ class VLLMBackend:
         params = SamplingParams(n=k, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k or -1, max_tokens=sampling.max_new_tokens, logprobs=0,
                                 seed=int(torch.randint(0, 2**62, ()).item()))
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
+        outputs = self._run(prompts, params)
         return [[self._completion(o) for o in request.outputs] for request in outputs]
+
+    def _run(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
+        """The final output of each prompt: from the engine's own loop, or from the continuous loop's steps
+        when a driver steps the engine (then `LLM.generate` would step the loop's sequences too)."""
+        if self.driver is not None:
+            from vllm.sampling_params import RequestOutputKind
+
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+            return self.driver.run(prompts, params)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        return self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
 
     @staticmethod
     def _completion(output: Any) -> Completion:
@@ -176,12 +195,10 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_n, detokenize=False)
-        requests = [{"prompt_token_ids": list(s)} for s in sequences]
         # vLLM's LoRA logits layer looks adapters up per request, not per prompt token: prompt log-probs of
         # several requests in one step fail (vllm-project/vllm#29955); one request per call computes them.
-        batches = [[r] for r in requests] if self._lora_request is not None else [requests]
-        outputs = [o for batch in batches
-                   for o in self.llm.generate(batch, params, lora_request=self._lora_request, use_tqdm=False)]
+        batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
+        outputs = [o for batch in batches for o in self._run(batch, params)]
         return [[self._token_score(step, token, top_n)
                  for step, token in zip(o.prompt_logprobs[1:], seq[1:], strict=True)]
                 for o, seq in zip(outputs, sequences, strict=True)]

@@ -36,6 +36,7 @@ from asyncrlhf.streams.names import (
     LEARNER_FINISHED,
     LEARNER_GROUP,
     LEARNER_WAIT_MARK,
+    PARTIALS,
     PAYLOAD_FIELD,
     PROMPTS,
     REWARD_GROUP,
@@ -47,14 +48,16 @@ from asyncrlhf.streams.names import (
     run_key,
     seen_name,
 )
+from asyncrlhf.streams.partials import PartialStore
 from asyncrlhf.streams.stats import StreamStats, stream_stats
 
 __all__ = [
     "CREDITS", "DEAD_LETTER", "EVALUATOR_GROUP", "EVENTS", "FEED_CURSOR", "FLOW", "GENERATOR_GROUP",
     "GENERATOR_REGISTRY", "ID_FIELD", "LEARNER_DEAD_LETTER_CURSOR", "LEARNER_FINISHED", "LEARNER_GROUP",
-    "LEARNER_WAIT_MARK", "PAYLOAD_FIELD", "PROMPTS", "REWARD_GROUP", "ROLLOUTS", "SCORED", "STREAMS",
-    "Consumer", "DeadLetter", "Delivery", "Producer", "PromptCredits", "ReplicaWait", "RunStreams",
-    "StreamSpec", "StreamStats", "connect", "run_key", "seen_name", "stream_stats",
+    "LEARNER_WAIT_MARK", "PARTIALS", "PAYLOAD_FIELD", "PROMPTS", "REWARD_GROUP", "ROLLOUTS", "SCORED",
+    "STREAMS", "Consumer", "DeadLetter", "Delivery", "PartialStore", "Producer", "PromptCredits",
+    "ReplicaWait", "RunStreams", "StreamSpec", "StreamStats", "connect", "run_key", "seen_name",
+    "stream_stats",
 ]
 
 
@@ -84,6 +87,10 @@ class RunStreams:
 
     def credits(self, limit: int) -> PromptCredits:
         return PromptCredits(self.client, self.key(CREDITS), limit)
+
+    def partials(self) -> PartialStore:
+        """Where continuous generators save their samples in flight."""
+        return PartialStore(self.client, self.key(PARTIALS))
 
     def replica_wait(self) -> ReplicaWait:
         """The learner's WAIT for replicas after its critical writes (a no-op without redis.sentinel)."""

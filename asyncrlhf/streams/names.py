@@ -36,7 +36,16 @@ class StreamSpec(Generic[M]):
     work_queue: bool = True
 
 
-PROMPTS = StreamSpec("prompts", PromptGroup, lambda m: m.group_id)
+def prompt_identity(prompt: PromptGroup) -> str:
+    """A prompt entry's identity: its group id; a group handed on by a stopping generator is a new entry of
+    the same group (`handoffs` > 0), which the generators' de-duplication must not take for the one acked
+    (its enqueue time tells a group requeued since apart)."""
+    if not prompt.handoffs:
+        return prompt.group_id
+    return f"{prompt.group_id}+{prompt.handoffs}@{prompt.enqueued_at:.6f}"
+
+
+PROMPTS = StreamSpec("prompts", PromptGroup, prompt_identity)
 ROLLOUTS = StreamSpec("rollouts", RolloutGroup, lambda m: m.group_id)
 SCORED = StreamSpec("scored", RolloutGroup, lambda m: m.group_id)
 EVENTS = StreamSpec("events", Event, lambda m: m.event_id, work_queue=False)
@@ -64,6 +73,7 @@ LEARNER_FINISHED = "learner_finished"  # prompt groups trained, dropped or dead-
 LEARNER_DEAD_LETTER_CURSOR = "learner_dead_letter_cursor"  # the last dead letter the learner counted
 LEARNER_WAIT_MARK = "learner_wait_mark"  # what the learner last waited for replicas to hold (WAIT)
 GENERATOR_REGISTRY = "generators"  # set of live generator ids; `generators:<id>` is each one's hash
+PARTIALS = "partials"  # hash: group id -> its samples in flight as last saved by a generator (continuous)
 
 
 def run_key(run: str, name: str) -> str:

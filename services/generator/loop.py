@@ -22,7 +22,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling import Completion
 from asyncrlhf.sampling.rollouts import rollout_group
-from asyncrlhf.streams import Consumer, Delivery, Producer
+from asyncrlhf.streams import Consumer, Delivery, PartialStore, Producer
 from asyncrlhf.version import PolicyVersion
 from services.generator.server import WeightSwap
 
@@ -50,13 +50,20 @@ def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> 
     return ids
 
 
+Work = tuple[Delivery[PromptGroup], list[int], int]  # a group to sample: its delivery, prompt ids and k
+
+
 @dataclass(frozen=True)
 class PromptIO:
-    """Where prompt groups come from (`consumer`; `pending`: how many wait) and rollouts go (`producer`)."""
+    """Where prompt groups come from (`consumer`; `pending`: how many wait) and rollouts go (`producer`);
+    in continuous mode also where unfinished groups go back (`handon`: the prompts stream) and where samples
+    in flight are saved (`partials`)."""
 
     consumer: Consumer[PromptGroup]
     producer: Producer[RolloutGroup]
     pending: Callable[[], int] = lambda: 0
+    handon: Producer[PromptGroup] | None = None
+    partials: PartialStore | None = None
 
 
 class GeneratorLoop:
@@ -89,8 +96,9 @@ class GeneratorLoop:
             return 0
         return self._generate(deliveries)
 
-    def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
-        work: list[tuple[Delivery[PromptGroup], list[int], int]] = []
+    def _admit(self, deliveries: list[Delivery[PromptGroup]]) -> list[Work]:
+        """(delivery, prompt ids, k) of each group that can be sampled; the others are dead-lettered."""
+        work: list[Work] = []
         for d in deliveries:
             try:
                 k = d.message.k or self.cfg.generator.samples_per_prompt
@@ -102,6 +110,10 @@ class GeneratorLoop:
             except ValueError as err:
                 log.warning("dead-lettering a prompt that cannot be sampled: %s", err)
                 self.consumer.dead_letter(d, str(err))
+        return work
+
+    def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
+        work = self._admit(deliveries)
         if not work:
             return 0
         started_at, start = time.time(), time.perf_counter()

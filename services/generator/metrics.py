@@ -37,3 +37,11 @@ class GeneratorMetrics:
                                       registry=r)
         self.prompts_pending = Gauge(names.GENERATOR_PROMPTS_PENDING,
                                      "Prompt groups waiting in the prompts stream.", registry=r)
+        self.occupancy = Gauge(names.GENERATOR_ENGINE_OCCUPANCY,
+                               "Continuous mode: samples running in the engine / its capacity, last step.",
+                               registry=r)
+        self.continued_samples = Counter(names.GENERATOR_CONTINUED_SAMPLES_TOTAL,
+                                         "Samples continued from tokens sampled elsewhere (hand-on, save).",
+                                         registry=r)
+        self.handed_on_samples = Counter(names.GENERATOR_HANDED_ON_SAMPLES_TOTAL,
+                                         "Samples handed back to the prompts stream at a stop.", registry=r)

@@ -17,9 +17,12 @@ from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
 from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.sampling.hf import HFBackend
+from asyncrlhf.sampling.vllm import VLLMBackend
+from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
+from services.generator.continuous import ContinuousLoop
 from services.generator.http import make_http_app
 from services.generator.loop import GeneratorLoop, PromptIO
 from services.generator.metrics import GeneratorMetrics
@@ -32,6 +35,21 @@ def new_generator_id() -> str:
     """Unique per process: a restarted generator is a new consumer (its old pending entries get
     re-claimed)."""
     return f"gen-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+HF_BATCH_ONLY = ("generator.mode=continuous needs a step-wise engine, which the HF backend does not have: "
+                 "this generator runs batch mode (groups written when the batch's longest sample ends, "
+                 "pushes applied between batches); use generator.backend=vllm for continuous mode")
+
+
+def effective_mode(cfg: Config, backend: Backend) -> str:
+    """The mode this generator runs: `continuous` only on the vLLM backend (HF_BATCH_ONLY says why)."""
+    if cfg.generator.mode != "continuous":
+        return "batch"
+    if isinstance(backend, VLLMBackend):
+        return "continuous"
+    log.warning(HF_BATCH_ONLY)
+    return "batch"
 
 
 class GeneratorService:
@@ -51,8 +69,20 @@ class GeneratorService:
         self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce)
         io = PromptIO(self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
                       self.streams.producer(ROLLOUTS),
-                      pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length)
-        self.loop = GeneratorLoop(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
+                      pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
+                      handon=self.streams.producer(PROMPTS), partials=self.streams.partials())
+        self.mode = effective_mode(cfg, self.backend)
+        self.api_gate = self.gate
+        self.loop: GeneratorLoop
+        if self.mode == "continuous":
+            assert isinstance(self.backend, VLLMBackend)
+            engine = VLLMStepEngine(self.backend)
+            self.backend.driver = engine  # the API's requests join the loop's engine steps
+            self.backend.recompute_inflight = cfg.generator.vllm.inflight_kv == "recompute"
+            self.api_gate = BackendGate()  # API batches queue among themselves; the engine's steps are shared
+            self.loop = ContinuousLoop(cfg, self.swap, io, self.tokenizer, self.id, engine, cores=self.cores)
+        else:
+            self.loop = GeneratorLoop(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
         self.weight_sync: WeightSyncServer | None = None
         self.heartbeat: Heartbeat | None = None
         self.http: HttpServer | None = None
@@ -63,11 +93,11 @@ class GeneratorService:
         self.weight_sync = start_weight_sync(self.cfg, self.swap)
         self.heartbeat = start_heartbeat(self.cfg, self.client, self.id, self.weight_sync.address,
                                          lambda: self.swap.served)
-        app = make_http_app(self.cfg, self.metrics, self.backend, self.gate, self.tokenizer, self.id,
+        app = make_http_app(self.cfg, self.metrics, self.backend, self.api_gate, self.tokenizer, self.id,
                             self.ready)
         self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()
-        log.info("generator %s: WeightSync on %s, HTTP on %s; waiting for the first weight push",
-                 self.id, self.weight_sync.address, self.http.url)
+        log.info("generator %s (%s mode): WeightSync on %s, HTTP on %s; waiting for the first weight push",
+                 self.id, self.mode, self.weight_sync.address, self.http.url)
         return self
 
     def run(self, stop: threading.Event) -> None:

@@ -1,0 +1,176 @@
+"""The continuous generation loop (`generator.mode: continuous`): the engine stays full, groups enter when
+k slots are free and leave the step their last sample ends, pushes land between two engine steps.
+
+    read groups while slots are free (their saved or handed-on progress continued) -> one engine step under
+    the gate -> XADD each ended RolloutGroup and XACK its prompt atomically -> save progress every
+    `save_every_tokens` -> on stop: every unfinished group back to the prompts stream with its progress
+
+The sampling bookkeeping is `asyncrlhf.sampling.continuous`; this shell does the Redis I/O and the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import nullcontext
+
+from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf.config import Config
+from asyncrlhf.cores import CoreShare
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupRun, StepEngine
+from asyncrlhf.sampling.rollouts import handed_on, progress_of, rollout_group
+from asyncrlhf.streams import Delivery
+from asyncrlhf.streams.consumer import hold
+from asyncrlhf.version import PolicyVersion
+from services.generator.loop import GeneratorLoop, PromptIO
+from services.generator.server import WeightSwap
+
+log = logging.getLogger(__name__)
+
+IDLE_READ_MS = 100  # an empty engine waits this long for prompts: the API's requests wait at most as long
+
+Run = GroupRun[Delivery[PromptGroup]]
+
+
+class ContinuousLoop(GeneratorLoop):
+    def __init__(self, cfg: Config, swap: WeightSwap, io: PromptIO, tokenizer, generator_id: str,
+                 engine: StepEngine, cores: CoreShare | None = None):
+        super().__init__(cfg, swap, io, tokenizer, generator_id, cores)
+        g = cfg.generator
+        self.engine = engine
+        self.sampler: ContinuousSampler[Delivery[PromptGroup]] = ContinuousSampler(engine, g.sampling)
+        self.capacity = g.max_running_samples or g.batch_prompts * g.samples_per_prompt
+        self.handon, self.partials = io.handon, io.partials
+        self._next_hold = 0.0
+        self._hold_every_s = cfg.redis.claim_idle_ms / 3000
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until `stop` is set, then hand every unfinished group on."""
+        try:
+            while not stop.is_set():
+                self.step()
+        finally:
+            self.hand_on()
+            self.engine.fail_waiting("the generator is stopping")
+
+    def step(self) -> int:
+        """Fill free slots, take one engine step, write the groups that ended; returns groups written."""
+        self._update_pending()
+        start = time.monotonic()
+        if self.backend.version == 0:
+            self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
+            self.metrics.idle_seconds.inc(time.monotonic() - start)
+            return 0
+        self._fill()
+        running = self.sampler.running_samples
+        if not running and not self._others_waiting():
+            self.metrics.idle_seconds.inc(time.monotonic() - start)
+            self.metrics.occupancy.set(0.0)
+            return self._emit(self.sampler.finished_now())
+        before = self.sampler.sampled_tokens
+        step_start = time.perf_counter()
+        with self.gate.generating(), (self.cores.busy() if self.cores else nullcontext()):
+            served = self.swap.served  # changes under the gate only: this step's tokens are its
+            self._restart_other_lineages(served)
+            ended = self.sampler.step(served.step)
+        seconds = time.perf_counter() - step_start
+        tokens = self.sampler.sampled_tokens - before
+        self.metrics.tokens.inc(tokens)
+        self.metrics.occupancy.set(min(1.0, running / self.capacity))
+        if seconds > 0:
+            self.metrics.tokens_per_second.set(tokens / seconds)
+        written = self._emit(ended + self.sampler.finished_now())
+        self._save_due()
+        return written
+
+    def _others_waiting(self) -> bool:
+        return self.engine.pending() or self.engine.running() > 0
+
+    # -- groups in -----------------------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        k = self.cfg.generator.samples_per_prompt
+        free = self.capacity - self.sampler.running_samples
+        if free < k:
+            return
+        busy = self.sampler.running_samples > 0 or self._others_waiting()
+        deliveries = self.consumer.read(max(1, free // k), block_ms=0 if busy else IDLE_READ_MS)
+        lineage = self.swap.lineage
+        in_flight = {run.group_id for run in self.sampler.groups}
+        for d, ids, k_group in self._admit(deliveries):
+            if d.message.group_id in in_flight:  # ours, re-claimed while it ran long: it stays ours
+                continue
+            prompt = self.partials.further(d.message) if self.partials else d.message
+            partial = progress_of(prompt, lineage)
+            continued = sum(1 for p in partial if p.finish is None and p.token_ids)
+            if continued:
+                self.metrics.continued_samples.inc(continued)
+                log.info("continuing group %s: %d samples from %d tokens sampled elsewhere",
+                         d.message.group_id, continued, sum(len(p.token_ids) for p in partial))
+            run = self.sampler.start(d, d.message.group_id, ids, k_group, lineage=lineage, partial=partial)
+            run.saved_tokens = run.tokens
+
+    def _restart_other_lineages(self, served: PolicyVersion) -> None:
+        """Weights of another learner lineage arrived: samples begun under the old one start again."""
+        stale = [run.group_id for run in self.sampler.groups if run.lineage != served.lineage]
+        if stale:
+            log.warning("lineage %d's weights arrived: %d groups in flight start again", served.lineage,
+                        len(stale))
+            self.sampler.restart(stale, served.lineage)
+
+    # -- groups out ----------------------------------------------------------------------------------------
+
+    def _emit(self, runs: list[Run]) -> int:
+        if not runs:
+            return 0
+        now = time.time()
+        groups = [rollout_group(run.tag.message, [s.completion() for s in run.samples],
+                                PolicyVersion(run.lineage, self.backend.version), self.generator_id,
+                                run.started_at, now, self._decode) for run in runs]
+        self.consumer.ack([run.tag for run in runs], groups, to=self.producer)
+        if self.partials:
+            self.partials.forget([run.group_id for run in runs])
+        self.metrics.groups.inc(len(groups))
+        for run in runs:
+            self.metrics.batch_seconds.observe(now - run.started_at)
+        return len(groups)
+
+    def _save_due(self) -> None:
+        """Save the groups grown by `save_every_tokens` on any sample since their last save, and keep every
+        group in flight from being re-claimed as stalled."""
+        runs = self.sampler.groups
+        every = self.cfg.generator.save_every_tokens
+        due = [run for run in runs
+               if max((len(s.token_ids) for s in run.samples), default=0) >= every
+               and run.tokens - run.saved_tokens >= every]
+        if due and self.partials:
+            self.partials.save([self._progress(run) for run in due])
+            for run in due:
+                run.saved_tokens = run.tokens
+        now = time.monotonic()
+        if runs and now >= self._next_hold:
+            self._next_hold = now + self._hold_every_s
+            hold(self.consumer, [run.tag for run in runs])
+
+    def hand_on(self) -> int:
+        """Stop sampling and put every unfinished group back on the prompts stream with its progress (one
+        atomic ack-and-add per group set), for another generator to continue. Returns groups handed on."""
+        runs = self.sampler.stop_all()
+        if not runs:
+            return 0
+        if self.handon is None:  # nowhere to hand them: they stay pending, re-claimed after claim_idle_ms
+            return 0
+        again = [self._progress(run) for run in runs]
+        for prompt in again:
+            prompt.handoffs += 1
+        self.consumer.ack([run.tag for run in runs], again, to=self.handon)
+        if self.partials:
+            self.partials.forget([run.group_id for run in runs])
+        tokens = sum(run.tokens for run in runs)
+        log.info("handed on %d groups with %d tokens sampled", len(runs), tokens)
+        self.metrics.handed_on_samples.inc(sum(len(run.samples) for run in runs))
+        return len(runs)
+
+    def _progress(self, run: Run) -> PromptGroup:
+        return handed_on(run.tag.message, run.samples, run.lineage, self._decode)
