@@ -53,8 +53,10 @@ class VLLMStepEngine:
     """A `StepEngine` over `backend.llm`'s engine. Only the thread that calls `step` touches the engine;
     other threads `submit` requests and wait for their final outputs."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, seed: int = 0):
         self.backend = backend
+        # the loop's own seeds: the API's seeded requests draw theirs from torch's global RNG, forked per call
+        self._rng = torch.Generator().manual_seed(seed)
         self.engine = backend.llm.llm_engine
         self._submitted: queue.Queue[_Submitted] = queue.Queue()
         self._futures: dict[str, Future] = {}
@@ -70,7 +72,7 @@ class VLLMStepEngine:
 
         params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k or -1, max_tokens=max_tokens, logprobs=0,
-                                seed=int(torch.randint(0, 2**62, ()).item()),
+                                seed=int(torch.randint(0, 2**62, (), generator=self._rng).item()),
                                 output_kind=RequestOutputKind.DELTA)
         self.engine.add_request(key, {"prompt_token_ids": list(prompt_ids)}, params,
                                 lora_request=self.backend.lora_request)

@@ -76,7 +76,7 @@ class GeneratorService:
         self.loop: GeneratorLoop
         if self.mode == "continuous":
             assert isinstance(self.backend, VLLMBackend)
-            engine = VLLMStepEngine(self.backend)
+            engine = VLLMStepEngine(self.backend, seed=cfg.run.seed)
             self.backend.driver = engine  # the API's requests join the loop's engine steps
             self.backend.recompute_inflight = cfg.generator.vllm.inflight_kv == "recompute"
             self.api_gate = BackendGate()  # API batches queue among themselves; the engine's steps are shared

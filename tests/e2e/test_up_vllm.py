@@ -24,3 +24,50 @@ def test_up_with_the_vllm_generator_trains_with_a_clean_audit(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
     assert not list((tmp_path / "cache" / "vllm").glob("work-*")), "the backend's work dir outlived it"
+
+
+def test_up_in_continuous_mode_trains_answers_the_api_meanwhile_and_audits_clean(tmp_path):
+    """generator.mode=continuous end to end: groups leave the engine one by one with per-token versions, the
+    run trains to its total steps with a clean audit, and the OpenAI API is answered while it trains."""
+    import re
+    import threading
+    import time
+
+    import openai
+
+    proc = up(tmp_path, "generator.backend=vllm", "generator.mode=continuous", "model.tiny.heads=2",
+              f"model.cache_dir={tmp_path}/cache", "learner.total_steps=12")
+    log_path = tmp_path / "run" / "logs" / "generator-0.log"
+    answered: list[str] = []
+
+    def ask() -> None:
+        url = None
+        while proc.poll() is None and url is None:  # the launcher picks the port: the log names it
+            found = re.search(r"HTTP on (http://[0-9.]+:[0-9]+)", log_path.read_text(errors="replace")) \
+                if log_path.is_file() else None
+            url = found.group(1) if found else time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        while proc.poll() is None and not answered:
+            try:
+                model = client.models.list().data[0].id
+                reply = client.chat.completions.create(model=model, max_completion_tokens=8,
+                                                       messages=[{"role": "user", "content": "hi"}])
+            except (openai.APIConnectionError, openai.APIStatusError):  # not up yet, or no weights yet
+                time.sleep(1)
+                continue
+            if proc.poll() is None:  # answered while the run was still training
+                answered.append(reply.choices[0].finish_reason)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    code, out = finish(proc, timeout=900)
+    asker.join(5)
+    assert code == 0, out[-4000:]
+    assert answered, "the API never answered while the run trained"
+    run = tmp_path / "run"
+    summary = json.loads((run / "up_summary.json").read_text())
+    assert summary["learner_version"] == 13
+    audit = subprocess.run([sys.executable, "-m", "asyncrlhf.cli", "audit", str(run), "--json"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
+    assert "(continuous mode)" in log_path.read_text(errors="replace")
