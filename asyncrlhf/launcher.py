@@ -28,10 +28,14 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
-from asyncrlhf.progress import Progress
+from asyncrlhf.progress import Progress, RunState
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
+from asyncrlhf.stalls import Stall
+from asyncrlhf.stalls.monitor import StallMonitor
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
 
+WAITING_SINCE = frozenset({names.GENERATOR_WAITING_SINCE_SECONDS, names.REWARD_WAITING_SINCE_SECONDS,
+                           names.LEARNER_WAITING_SINCE_SECONDS, names.EVALUATOR_WAITING_SINCE_SECONDS})
 STOP_GRACE_S = 27.0  # run.stop_timeout_s (<= 25) plus a margin: `up` stops within 30 s
 
 
@@ -135,6 +139,7 @@ class Snapshot:
     generator_versions: dict[str, float] = field(default_factory=dict)
     answered: dict[str, bool] = field(default_factory=dict)
     per_service: dict[str, dict[str, float]] = field(default_factory=dict)  # unlabelled samples per service
+    waiting: dict[str, tuple[str, float]] = field(default_factory=dict)  # what each waits on, since when
 
 
 def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
@@ -158,6 +163,8 @@ def read_exposition(text: str, service: str, snap: Snapshot) -> None:
         for sample in family.samples:
             if sample.name == names.GENERATOR_POLICY_VERSION:
                 snap.generator_versions[service] = sample.value
+            elif sample.name in WAITING_SINCE:
+                snap.waiting[service] = (sample.labels["on"], sample.value)
             elif not sample.labels:
                 own[sample.name] = sample.value
                 snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
@@ -180,6 +187,7 @@ class Launcher:
         self.failed: Service | None = None
         self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
         self.last_metrics: dict[str, dict[str, float]] = {}  # each service's last scraped values
+        self.monitor: StallMonitor | None = None
         self.started_at = time.time()
 
     def run(self) -> int:
@@ -191,6 +199,8 @@ class Launcher:
         url = self._redis_url()
         self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
+        self.monitor = StallMonitor.from_config(self.cfg, url=url,
+                                                say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
         for svc in self.services:  # an earlier run's last values are not this run's
             names.final_metrics_path(run_dir, svc.name).unlink(missing_ok=True)
         shutil.rmtree(share_dir(run_dir), ignore_errors=True)  # members an earlier run left busy
@@ -254,11 +264,23 @@ class Launcher:
                 self.answered[name] = self.answered.get(name, False) or ok
             self.last_metrics.update(snap.per_service)
             progress.update(snap)
+            if learner_done_at is None:
+                progress.state.stall = self._stall(progress.state, learner)
             if learner.pending is None and learner.poll() == 0 and learner_done_at is None:
                 learner_done_at = time.monotonic()
                 self._snapshot = scrape(self.services)
             if learner_done_at is not None and self._evaluator_done(learner_done_at):
                 return 0
+
+    def _stall(self, state: RunState, learner: Service) -> Stall | None:
+        """The monitor's judgement from what only the launcher sees: which processes run and answer."""
+        if self.monitor is None:
+            return None
+        running = [s for s in self.services if s.pending is None and s.poll() is None]
+        silent = [(s.name, state.silent_s(s.name)) for s in running if s is not learner]
+        learner_silent = state.silent_s(learner.name) if learner in running else None
+        return self.monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
+                                  [(name, s) for name, s in silent if s is not None])
 
     def _check_redis(self) -> None:
         """The embedded Redis is supervised too: a crashed one restarts on its port and its append-only file
