@@ -24,7 +24,7 @@ UNKNOWN = "–"
 
 
 class Scraped(Protocol):
-    """One scrape of every service's /metrics (`asyncrlhf.launcher.Snapshot`)."""
+    """One scrape of every service's /metrics (`asyncrlhf.scrape.Snapshot`)."""
 
     values: dict[str, float]
     generator_versions: dict[str, float]
