@@ -86,10 +86,11 @@ class RunState:
         return self.clock() - self.stepped_at
 
     def silent_s(self, name: str) -> float | None:
-        """None when `name` answered the last scrape; else since it last did (or the run started)."""
-        if self.answering.get(name):
+        """Since `name` last answered a scrape, when it answered before and not the last one; else None (it
+        answers, or it is still starting)."""
+        if self.answering.get(name) or name not in self.answered_at:
             return None
-        return self.clock() - self.answered_at.get(name, self.started)
+        return self.clock() - self.answered_at[name]
 
     def get(self, metric: str) -> float | None:
         """The metric summed over the services that have reported it; None when none has."""

@@ -2,6 +2,10 @@
 both run: asked about once a second how long the learner has gone without a step, it gathers the evidence
 (Redis, and what the caller knows), judges it (`diagnose`) and says so: once when a stall begins or moves to
 another hop, again every `launch.stall_after_s` while it lasts, and once when the learner steps again.
+
+`asyncrlhf up` also tells it which running processes do not answer /metrics: one silent for
+`launch.stall_after_s` is named at once, stall or not (a frozen replica among several may only slow the run
+down, until its entries are re-claimed), and named again when it answers.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class StallMonitor:
         self.probe, self.say, self.clock = probe, say, clock
         self.stall: Stall | None = None
         self._said_at = 0.0
+        self._silent: set[str] = set()  # processes said not to answer
 
     @classmethod
     def from_config(cls, cfg: Config, say: Callable[[str], None], url: str | None = None) -> StallMonitor:
@@ -45,6 +50,7 @@ class StallMonitor:
               silent_services: Sequence[tuple[str, float]] = ()) -> Stall | None:
         """The stall now, if any. `waiting`: the learner's wait; `learner_silent_s`, `silent_services`: what
         only `asyncrlhf up` sees (the learner's metrics endpoint, or others', not answering)."""
+        self._notice(silent_services)
         redis_silent = self.probe.redis_silent_s()
         if stepless_s < self.stall_after_s:
             self._over()
@@ -64,6 +70,14 @@ class StallMonitor:
         if stall is not None:
             self._announce(stall)
         return stall
+
+    def _notice(self, silent_services: Sequence[tuple[str, float]]) -> None:
+        silent = {name: s for name, s in silent_services if s >= self.stall_after_s}
+        for name in sorted(silent.keys() - self._silent):
+            self.say(f"{name} alive but not answering /metrics for {silent[name]:.0f} s (frozen or hung?)")
+        for name in sorted(self._silent - silent.keys()):
+            self.say(f"{name} answers /metrics again")
+        self._silent = set(silent)
 
     def _announce(self, stall: Stall) -> None:
         moved = self.stall is None or stall.hop is not self.stall.hop

@@ -76,3 +76,14 @@ def test_a_replica_is_silent_after_three_missed_heartbeats_or_reads():
     assert silent_after_s(cfg) == 6.0
     cfg = load_config(["configs/tiny.yaml"], ["generator.heartbeat_s=0.5", "redis.block_ms=3000"])
     assert silent_after_s(cfg) == 9.0
+
+
+def test_a_process_that_stops_answering_is_named_stall_or_not_and_again_when_it_answers():
+    m, clock, said = monitor()
+    m.check(1.0, None, silent_services=[("reward-1", 9.0)])
+    assert said == []
+    m.check(2.0, None, silent_services=[("reward-1", 10.0)])
+    m.check(3.0, None, silent_services=[("reward-1", 11.0)])
+    assert said == ["reward-1 alive but not answering /metrics for 10 s (frozen or hung?)"]
+    m.check(4.0, None)
+    assert said[-1] == "reward-1 answers /metrics again"
