@@ -328,7 +328,7 @@ def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequenc
         return None
     running = [s for s in services if s.pending is None and s.poll() is None]
     silent = [(s.name, state.silent_s(s.name)) for s in running if s is not learner]
-    learner_silent = state.silent_s(learner.name) if learner in running else None
+    learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
     return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
                          [(name, seconds) for name, seconds in silent if seconds is not None])
 

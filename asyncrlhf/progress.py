@@ -85,12 +85,12 @@ class RunState:
         """Since the learner's step count last changed (or the run started)."""
         return self.clock() - self.stepped_at
 
-    def silent_s(self, name: str) -> float | None:
-        """Since `name` last answered a scrape, when it answered before and not the last one; else None (it
-        answers, or it is still starting)."""
-        if self.answering.get(name) or name not in self.answered_at:
+    def silent_s(self, name: str, starting: bool = False) -> float | None:
+        """Since `name` last answered a scrape, when it did not answer the last one; None when it did. One
+        that never answered is still starting: None, unless `starting` asks since when (the run's start)."""
+        if self.answering.get(name) or (name not in self.answered_at and not starting):
             return None
-        return self.clock() - self.answered_at[name]
+        return self.clock() - self.answered_at.get(name, self.started)
 
     def get(self, metric: str) -> float | None:
         """The metric summed over the services that have reported it; None when none has."""

@@ -31,20 +31,26 @@ class FlowProbe:
         self.answered_at = clock()
 
     def redis_silent_s(self) -> float | None:
-        """None when Redis answers a PING now; else how long since it last did (for this probe)."""
+        """None when Redis answers now; else how long since it last did (for this probe). Asked every
+        check, stall or not, so that it also keeps each generator's last heartbeat: an entry that expires
+        between two stalls is remembered as it last was."""
         try:
             self.client.ping()
+            self._remember()
         except redis.RedisError:
             return self.clock() - self.answered_at
         self.answered_at = self.clock()
         return None
 
+    def _remember(self) -> None:
+        for member in self.registry.live():
+            self.seen[member.id] = member
+
     def flow(self) -> Flow:
         """Raises redis.RedisError when Redis does not answer."""
         seconds, micros = self.client.time()
         now = seconds + micros / 1e6  # the registry's clock: heartbeats carry Redis's time
-        for member in self.registry.live():
-            self.seen[member.id] = member
+        self._remember()
         self.seen = {i: m for i, m in self.seen.items() if now - m.updated_at < FORGET_AFTER_S}
         prompts_held = self._holding(PROMPTS.name, GENERATOR_GROUP)
         generators = tuple(Replica(i, now - m.updated_at, prompts_held.get(i, (0, 0.0))[0])

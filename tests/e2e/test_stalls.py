@@ -121,10 +121,14 @@ def freeze(up: Up, what: str, pids: list[int], matches: Callable[[str], bool], r
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+    thawed_at = time.monotonic()
     recovered = up.wait_steps(1, RECOVER_S)
     delay = seen_at - frozen_at
-    record.append(f"{what}: named after {delay:.1f} s, stepped again {recovered:.1f} s after SIGCONT: {line}")
-    assert delay <= BOUND_S, record[-1]
+    summary = f"{what}: named after {delay:.1f} s, stepped again {recovered:.1f} s after SIGCONT: {line}"
+    record.append(summary)
+    record += [f"    +{t - frozen_at:.1f} s {said}" for t, said in up.lines
+               if frozen_at <= t <= thawed_at + recovered and said.startswith("asyncrlhf up: ")]
+    assert delay <= BOUND_S, summary
 
 
 def test_each_frozen_service_is_named_within_the_bound_and_the_run_recovers(tmp_path):
@@ -151,7 +155,10 @@ def test_each_frozen_service_is_named_within_the_bound_and_the_run_recovers(tmp_
                record)
     finally:
         up.stop()
-        record.append(f"the whole test took {time.monotonic() - started:.0f} s")
+        record.append(f"the whole test took {time.monotonic() - started:.0f} s; the learner's log said:")
+        learner_log = up.dir / "logs" / "learner.log"
+        record += [f"    {line}" for line in learner_log.read_text(errors="replace").splitlines()
+                   if "stalled at" in line or "stall over" in line]
         report = "\n".join(record)
         print(report)
         with (Path(os.environ.get("TMPDIR", "/tmp")) / "asyncrlhf_stalls.txt").open("a") as f:
