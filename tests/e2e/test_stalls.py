@@ -113,6 +113,7 @@ def names_replica(name: str, pid: int) -> Callable[[str], bool]:
 def freeze(up: Up, what: str, pids: list[int], matches: Callable[[str], bool], record: list[str]) -> None:
     """SIGSTOP `pids`, wait for `up` to name it, SIGCONT, and wait for the learner to step again."""
     up.wait_steps(1, RECOVER_S)  # a step just happened: the freeze starts from a live run
+    up.poll_lines()  # what was said before the freeze is stamped before it
     frozen_at = time.monotonic()
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
