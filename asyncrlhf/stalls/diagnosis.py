@@ -119,8 +119,10 @@ def _judge(e: Evidence) -> tuple[Hop, str]:
 def _upstream(e: Evidence, flow: Flow) -> tuple[Hop, str]:
     """The learner waits for scored groups: which hop holds them."""
     x = e.expected
-    evidence = (f"waiting {_s(e.waited_s)} for scored groups: prompts queued {flow.prompts}, rollouts "
-                f"{flow.rollouts}, scored {flow.scored}; {_generators(flow, x)}; {_rewards(flow, x)}")
+    waited = _s(e.waited_s) if e.waited_s >= e.stepless_s - 1 else \
+        f"{_s(e.waited_s)} (no step for {_s(e.stepless_s)})"
+    evidence = (f"waiting {waited} for scored groups: prompts queued {flow.prompts}, rollouts "
+                f"{flow.rollouts}, scored {flow.scored}; {_generators(flow, x)}{_rewards(flow, x)}")
     if e.flow is None:
         return Hop.REDIS, f"no evidence from Redis: {evidence}"
     alive = [g for g in flow.generators if g.silent_s < x.silent_after_s]
@@ -160,5 +162,9 @@ def _generators(flow: Flow, x: Expected) -> str:
 
 
 def _rewards(flow: Flow, x: Expected) -> str:
+    """Said only when rollouts wait or a replica holds some: before Redis 7.2, a consumer's idle time grows
+    while its reads find nothing, so with no rollouts an idle replica looks silent."""
+    if not flow.rollouts and not any(r.holding for r in flow.rewards):
+        return ""
     reading = sum(r.silent_s < x.silent_after_s for r in flow.rewards)
-    return f"reward replicas reading {reading} of {max(x.rewards, reading)}"
+    return f"; reward replicas reading {reading} of {max(x.rewards, reading)}"

@@ -31,7 +31,17 @@ def test_the_issue_example_no_generator_alive():
     assert stall is not None and stall.hop is Hop.GENERATORS
     assert stall.message == (
         "no generator alive: waiting 75 s for scored groups: prompts queued 12, rollouts 0, scored 0; "
-        "generators alive 0 of 2 (gen-b last heartbeat 75 s ago); reward replicas reading 2 of 2")
+        "generators alive 0 of 2 (gen-b last heartbeat 75 s ago)")
+
+
+def test_a_wait_that_began_after_the_last_step_says_both():
+    # The push gave up after 10 s; the learner then began waiting for scored groups.
+    flow = Flow(8, 0, 0, (Replica("gen-a", 12.0), Replica("gen-b", 12.0)))
+    e = Evidence(stepless_s=12.0, expected=TWO_EACH, wait_on=Wait.SCORED_GROUPS, waited_s=0.4, flow=flow)
+    stall = diagnose(e, 10.0)
+    assert stall is not None and stall.message.startswith(
+        "no generator alive: waiting 0 s (no step for 12 s) for scored groups: prompts queued 8, rollouts 0")
+    assert "reward replicas" not in stall.message  # no rollouts: idle replicas say nothing (Redis < 7.2)
 
 
 def test_redis_not_answering_comes_first_whatever_else_is_known():
