@@ -20,16 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from asyncrlhf import metrics as names
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
-from asyncrlhf.progress import Progress
+from asyncrlhf.progress import Progress, RunState
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
+from asyncrlhf.scrape import Snapshot, read_exposition, scrape
+from asyncrlhf.stalls import Stall
+from asyncrlhf.stalls.monitor import StallMonitor
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
 
 STOP_GRACE_S = 27.0  # run.stop_timeout_s (<= 25) plus a margin: `up` stops within 30 s
@@ -124,50 +124,6 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Progress
-
-
-@dataclass
-class Snapshot:
-    """What the progress display shows, scraped from every service's /metrics."""
-
-    values: dict[str, float] = field(default_factory=dict)  # unlabelled samples, summed over services
-    generator_versions: dict[str, float] = field(default_factory=dict)
-    answered: dict[str, bool] = field(default_factory=dict)
-    per_service: dict[str, dict[str, float]] = field(default_factory=dict)  # unlabelled samples per service
-
-
-def scrape(services: Sequence[Service], timeout_s: float = 2.0) -> Snapshot:
-    snap = Snapshot()
-    with httpx.Client(timeout=timeout_s) as http:
-        for svc in services:
-            try:
-                text = http.get(f"{svc.url}/metrics").text
-            except httpx.HTTPError:
-                snap.answered[svc.name] = False
-                continue
-            snap.answered[svc.name] = True
-            read_exposition(text, svc.name, snap)
-    return snap
-
-
-def read_exposition(text: str, service: str, snap: Snapshot) -> None:
-    """One service's /metrics text into the snapshot."""
-    own = snap.per_service.setdefault(service, {})
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == names.GENERATOR_POLICY_VERSION:
-                snap.generator_versions[service] = sample.value
-            elif not sample.labels:
-                own[sample.name] = sample.value
-                snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
-            elif sample.name == names.LEARNER_QUEUE_DEPTH:
-                snap.values[f"queue:{sample.labels['stream']}"] = sample.value
-            elif family.type == "histogram" and sample.name.endswith(("_sum", "_count")):
-                own[sample.name] = own.get(sample.name, 0.0) + sample.value  # over its labels
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Supervision
 
 
@@ -180,6 +136,7 @@ class Launcher:
         self.failed: Service | None = None
         self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
         self.last_metrics: dict[str, dict[str, float]] = {}  # each service's last scraped values
+        self.monitor: StallMonitor | None = None
         self.started_at = time.time()
 
     def run(self) -> int:
@@ -191,6 +148,8 @@ class Launcher:
         url = self._redis_url()
         self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
+        self.monitor = StallMonitor.from_config(self.cfg, url=url,
+                                                say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
         for svc in self.services:  # an earlier run's last values are not this run's
             names.final_metrics_path(run_dir, svc.name).unlink(missing_ok=True)
         shutil.rmtree(share_dir(run_dir), ignore_errors=True)  # members an earlier run left busy
@@ -212,7 +171,7 @@ class Launcher:
             if self.redis is not None:
                 self.redis.stop()
         if code == 0:
-            self._print_report()
+            print_report(run_dir)
         return code
 
     def _final_version(self) -> int | None:
@@ -254,6 +213,8 @@ class Launcher:
                 self.answered[name] = self.answered.get(name, False) or ok
             self.last_metrics.update(snap.per_service)
             progress.update(snap)
+            if learner_done_at is None:
+                progress.state.stall = judge_stall(self.monitor, progress.state, self.services)
             if learner.pending is None and learner.poll() == 0 and learner_done_at is None:
                 learner_done_at = time.monotonic()
                 self._snapshot = scrape(self.services)
@@ -360,16 +321,28 @@ class Launcher:
         }
         (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
 
-    def _print_report(self) -> None:
-        try:
-            from asyncrlhf.report import headline, write_report
-        except ImportError:
-            print("asyncrlhf up: done (the report module is not built yet)")
-            return
-        path = write_report(self.cfg.run.path)
-        h = headline(self.cfg.run.path)
-        print(f"asyncrlhf up: done. Report: {path}")
-        print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
+def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequence[Service]) -> Stall | None:
+    """The monitor's judgement, with what only the launcher sees: which processes run and answer."""
+    learner = next(s for s in services if s.kind == "learner")
+    if monitor is None:
+        return None
+    running = [s for s in services if s.pending is None and s.poll() is None]
+    silent = [(s.name, state.silent_s(s.name)) for s in running if s is not learner]
+    learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
+    return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
+                         [(name, seconds) for name, seconds in silent if seconds is not None])
+
+
+def print_report(run_dir: Path) -> None:
+    try:
+        from asyncrlhf.report import headline, write_report
+    except ImportError:
+        print("asyncrlhf up: done (the report module is not built yet)")
+        return
+    path = write_report(run_dir)
+    h = headline(run_dir)
+    print(f"asyncrlhf up: done. Report: {path}")
+    print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
 
 
 def main(argv: Sequence[str]) -> int:

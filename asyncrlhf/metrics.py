@@ -58,6 +58,8 @@ GENERATOR_PROMPTS_PENDING = _metric("generator", "prompts_pending")
 GENERATOR_ENGINE_OCCUPANCY = _metric("generator", "engine_occupancy")  # continuous: running / capacity
 GENERATOR_CONTINUED_SAMPLES_TOTAL = _metric("generator", "continued_samples", "total")
 GENERATOR_HANDED_ON_SAMPLES_TOTAL = _metric("generator", "handed_on_samples", "total")
+# Each service's wait (asyncrlhf.stalls.waiting): the Unix time it began, label `on`; none while it works.
+GENERATOR_WAITING_SINCE_SECONDS = _metric("generator", "waiting_since", "seconds")
 
 REWARD_GROUPS_SCORED_TOTAL = _metric("reward", "groups_scored", "total")
 REWARD_SAMPLES_SCORED_TOTAL = _metric("reward", "samples_scored", "total")  # label: source
@@ -69,6 +71,7 @@ REWARD_TRUNCATED_INPUTS_TOTAL = _metric("reward", "truncated_inputs", "total")
 REWARD_SCORING_ERRORS_TOTAL = _metric("reward", "scoring_errors", "total")
 REWARD_DEAD_LETTERED_GROUPS_TOTAL = _metric("reward", "dead_lettered_groups", "total")
 REWARD_DUPLICATE_GROUPS_TOTAL = _metric("reward", "duplicate_groups", "total")
+REWARD_WAITING_SINCE_SECONDS = _metric("reward", "waiting_since", "seconds")  # label: on
 
 LEARNER_VERSION = _metric("learner", "version")
 LEARNER_STEPS_TOTAL = _metric("learner", "steps", "total")
@@ -97,6 +100,9 @@ LEARNER_DEAD_LETTER_ENTRIES = _metric("learner", "dead_letter_entries")
 LEARNER_LINEAGE = _metric("learner", "lineage")
 LEARNER_OLD_LINEAGE_GROUPS_TOTAL = _metric("learner", "old_lineage_groups", "total")  # label: action
 LEARNER_REQUEUED_GROUPS_TOTAL = _metric("learner", "requeued_groups", "total")  # label: reason
+LEARNER_WAITING_SINCE_SECONDS = _metric("learner", "waiting_since", "seconds")  # label: on
+# Seconds without a step once that exceeds launch.stall_after_s, else 0; label: hop (asyncrlhf.stalls.Hop).
+LEARNER_STALLED_SECONDS = _metric("learner", "stalled", "seconds")
 
 EVALUATOR_GOLD_REWARD = _metric("evaluator", "gold_reward")
 EVALUATOR_WIN_RATE = _metric("evaluator", "win_rate")
@@ -106,6 +112,7 @@ EVALUATOR_VERSION = _metric("evaluator", "version")
 EVALUATOR_EVALUATIONS_TOTAL = _metric("evaluator", "evaluations", "total")
 EVALUATOR_EVAL_SECONDS = _metric("evaluator", "eval", "seconds")  # histogram
 EVALUATOR_SKIPPED_CHECKPOINTS_TOTAL = _metric("evaluator", "skipped_checkpoints", "total")  # label: reason
+EVALUATOR_WAITING_SINCE_SECONDS = _metric("evaluator", "waiting_since", "seconds")  # label: on
 
 NAMES: frozenset[str] = frozenset(_named)  # every metric a service exports
 

@@ -5,7 +5,9 @@ It shows the run's state as last known: each service's metrics are kept from its
 that has exited (the learner at the end of the run) still shows its final values, and the final frame is the
 final state. A value not known yet reads `–` (no reward before the first step, no gold reward before the
 first evaluation). The learner's KL is the k1 estimate, mean log(pi / pi_ref) over sampled tokens: unbiased,
-but a single step's value can be negative, so it is labelled as such.
+but a single step's value can be negative, so it is labelled as such. While the learner runs, a row says
+what it waits on, or, once it has gone `launch.stall_after_s` without a step, where it stalled and why (the
+launcher's `StallMonitor` judges; asyncrlhf.stalls).
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ from collections.abc import Callable
 from typing import Protocol
 
 from asyncrlhf import metrics as names
+from asyncrlhf.stalls import Stall, Wait, Waiting
 
 UNKNOWN = "–"
 
 
 class Scraped(Protocol):
-    """One scrape of every service's /metrics (`asyncrlhf.launcher.Snapshot`)."""
+    """One scrape of every service's /metrics (`asyncrlhf.scrape.Snapshot`)."""
 
     values: dict[str, float]
     generator_versions: dict[str, float]
     answered: dict[str, bool]
     per_service: dict[str, dict[str, float]]
+    waiting: dict[str, tuple[str, float]]  # service -> (what it waits on, since: Unix time)
 
 
 class RunState:
@@ -43,19 +47,50 @@ class RunState:
         self.last_step: tuple[float, float] | None = None  # (time, steps) when steps last went up
         # The learner's final checkpoint version, read after it exits (it may step after the last scrape).
         self.final_version: int | None = None
+        self.answering: dict[str, bool] = {}  # whether each service answered the last scrape
+        self.answered_at: dict[str, float] = {}  # when each last answered
+        self.waiting: dict[str, Waiting] = {}  # what each service waits on, as it last said
+        self.stepped_at = self.started  # when the learner's step count last changed
+        self._seen_steps: float | None = None
+        self.stall: Stall | None = None  # the launcher's judgement, while the learner runs
 
     def update(self, snap: Scraped) -> None:
+        self.answering = dict(snap.answered)
         for name, own in snap.per_service.items():
             if snap.answered.get(name):
                 self.per_service[name] = dict(own)
+        for name, ok in snap.answered.items():
+            if ok:
+                self.answered_at[name] = self.clock()
+                self._waits(name, snap.waiting.get(name))
         self.generator_versions.update(snap.generator_versions)
         queues = {k[len("queue:"):]: v for k, v in snap.values.items() if k.startswith("queue:")}
         if queues:
             self.queues = queues
         steps = self.get(names.LEARNER_STEPS_TOTAL)
+        if steps != self._seen_steps:
+            self._seen_steps, self.stepped_at = steps, self.clock()
         if steps and (self.last_step is None or steps > self.last_step[1]):
             self.last_step = (self.clock(), steps)
             self.first_step = self.first_step or self.last_step
+
+    def _waits(self, name: str, said: tuple[str, float] | None) -> None:
+        known = {w.value for w in Wait}
+        if said is None or said[0] not in known:  # it works (or says something this launcher predates)
+            self.waiting.pop(name, None)
+        else:
+            self.waiting[name] = Waiting(Wait(said[0]), said[1])
+
+    def stepless_s(self) -> float:
+        """Since the learner's step count last changed (or the run started)."""
+        return self.clock() - self.stepped_at
+
+    def silent_s(self, name: str, starting: bool = False) -> float | None:
+        """Since `name` last answered a scrape, when it did not answer the last one; None when it did. One
+        that never answered is still starting: None, unless `starting` asks since when (the run's start)."""
+        if self.answering.get(name) or (name not in self.answered_at and not starting):
+            return None
+        return self.clock() - self.answered_at.get(name, self.started)
 
     def get(self, metric: str) -> float | None:
         """The metric summed over the services that have reported it; None when none has."""
@@ -125,8 +160,19 @@ def rows(state: RunState) -> list[tuple[str, str]]:
         ("gen tok/s", _num(state.get(names.GENERATOR_TOKENS_PER_SECOND), ".1f")),
         ("queues", " ".join(f"{k}={int(v)}" for k, v in sorted(state.queues.items())) or UNKNOWN),
         ("gold", _num(state.get(names.EVALUATOR_GOLD_REWARD), ".3f") if evaluated else UNKNOWN),
+        _waiting_row(state),
         ("elapsed", _duration(state.clock() - state.started)),
     ]
+
+
+def _waiting_row(state: RunState) -> tuple[str, str]:
+    """Where the learner stalled and why; else what it waits on now."""
+    if state.stall is not None:
+        return "STALLED", f"at {state.stall.hop}: {state.stall.message}"
+    wait = state.waiting.get("learner")
+    if wait is None:
+        return "learner waits on", UNKNOWN
+    return "learner waits on", f"{wait.on} for {_duration(wait.seconds(time.time()))}"
 
 
 class Progress:

@@ -234,6 +234,15 @@ class LaunchConfig(Section):
         "service whose `threads` is set, or the vLLM backend (its threads are fixed at start): a fixed split."
     )
     progress_every_s: float = Field(1.0, gt=0, description="Refresh period of the progress display.")
+    stall_after_s: float = Field(
+        300.0, gt=0, description="The learner has stalled when it goes this long without a step: the "
+        "progress display, the learner's log and the alert AsyncrlhfLearnerStalled then name the hop that "
+        "holds it up and the evidence (docs/stalls.md). 300 s is longer than anything a healthy run waits "
+        "on: a step and a generation round at the shipped workloads' scale (tens of seconds), a vLLM "
+        "generator's start (weights and CUDA graphs, 1-3 min) before the first groups, a push to a dead "
+        "generator (learner.push_timeout_s 60 s, then it leaves the registry); and short enough that a "
+        "stall is named within 5 minutes, where the step-count alert took 20."
+    )
     evaluator_grace_s: float = Field(
         600.0, gt=0, description="After the learner ends, wait this long for the last evaluation."
     )

@@ -35,11 +35,14 @@ class _Reconnect(Retry):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def connect(cfg: RedisConfig, url: str | None = None, *, retries: int = -1) -> redis.Redis:
+def connect(cfg: RedisConfig, url: str | None = None, *, retries: int = -1,
+            timeout_s: float | None = None) -> redis.Redis:
     """A client for `url` (default `cfg.url`, else the primary that `cfg.sentinel` names) that reconnects
     with jittered exponential back-off, capped at `cfg.reconnect_max_s`, on connection errors; `retries=-1`
     keeps trying, as a service should while Redis restarts or fails over. A wrong or missing password fails
-    at once. Responses are bytes (payloads are binary)."""
+    at once. Responses are bytes (payloads are binary). `timeout_s`: a command (or a connection attempt)
+    that gets no answer within it raises `redis.TimeoutError` (a stall monitor's client: a Redis that does not
+    answer is what it reports); None waits as long as the server takes."""
     url = url or cfg.url
     kwargs: dict = {
         "retry": _Reconnect(ExponentialWithJitterBackoff(cap=cfg.reconnect_max_s, base=0.05), retries),
@@ -47,6 +50,8 @@ def connect(cfg: RedisConfig, url: str | None = None, *, retries: int = -1) -> r
         "socket_keepalive": True,
         "health_check_interval": 30,
     }
+    if timeout_s is not None:
+        kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     if not url and cfg.sentinel.enabled:
         return _via_sentinels(cfg, kwargs)
     if not url:

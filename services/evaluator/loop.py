@@ -25,6 +25,7 @@ from asyncrlhf.models import ModelLoadError, load_tokenizer, set_threads
 from asyncrlhf.report import load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
+from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import EVALUATOR_GROUP, EVENTS, RunStreams, connect
 from asyncrlhf.trackers import open_trackers
 from asyncrlhf.training.checkpoint import latest_checkpoint, load_checkpoint_policy, read_state
@@ -87,7 +88,9 @@ class Evaluator:
         )
         last: tuple[str, int] | None = None
         while not self.stop.is_set():
+            self.metrics.waiting.wait(Wait.CHECKPOINTS)
             for delivery in consumer.read(16):
+                self.metrics.waiting.work()
                 event = delivery.message
                 if event.kind == EVENT_KIND_CHECKPOINT_SAVED:
                     last = (event.checkpoint_path, event.policy_version)

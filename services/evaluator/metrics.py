@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf import metrics as names
+from asyncrlhf.stalls import WaitState
 
 EVAL_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 
@@ -40,6 +41,12 @@ class EvaluatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.waiting = WaitState(Gauge(
+            names.EVALUATOR_WAITING_SINCE_SECONDS,
+            "Unix time the wait began, by what it waits on (checkpoints); none while evaluating.",
+            ["on"],
+            registry=r,
+        ))
 
     def record(self, row: dict) -> None:
         self.gold_reward.set(row["gold_reward"])

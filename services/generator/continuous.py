@@ -20,6 +20,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling.continuous import ContinuousSampler, GroupRun, StepEngine
 from asyncrlhf.sampling.rollouts import handed_on, progress_of, rollout_group
+from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import Delivery
 from asyncrlhf.streams.consumer import hold
 from asyncrlhf.version import PolicyVersion
@@ -59,15 +60,18 @@ class ContinuousLoop(GeneratorLoop):
         self._update_pending()
         start = time.monotonic()
         if self.backend.version == 0:
+            self.metrics.waiting.wait(Wait.WEIGHTS)
             self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             return 0
         self._fill()
         running = self.sampler.running_samples
         if not running and not self._others_waiting():
+            self.metrics.waiting.wait(Wait.PROMPTS)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             self.metrics.occupancy.set(0.0)
             return self._emit(self.sampler.finished_now())
+        self.metrics.waiting.work()
         before = self.sampler.sampled_tokens
         step_start = time.perf_counter()
         with self.gate.generating(), (self.cores.busy() if self.cores else nullcontext()):

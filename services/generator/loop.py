@@ -22,6 +22,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling import Completion
 from asyncrlhf.sampling.rollouts import rollout_group
+from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import Consumer, Delivery, PartialStore, Producer
 from asyncrlhf.version import PolicyVersion
 from services.generator.server import WeightSwap
@@ -87,13 +88,16 @@ class GeneratorLoop:
         self._update_pending()
         start = time.monotonic()
         if self.backend.version == 0:
+            self.metrics.waiting.wait(Wait.WEIGHTS)
             self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             return 0
         deliveries = self.consumer.read(self.cfg.generator.batch_prompts)
         if not deliveries:
+            self.metrics.waiting.wait(Wait.PROMPTS)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             return 0
+        self.metrics.waiting.work()
         return self._generate(deliveries)
 
     def _admit(self, deliveries: list[Delivery[PromptGroup]]) -> list[Work]:

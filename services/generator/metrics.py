@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf import metrics as names
+from asyncrlhf.stalls import WaitState
+
+WAITING_HELP = "Unix time the wait began, by what it waits on (prompts, weights, redis); none while working."
 
 _SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -45,3 +48,5 @@ class GeneratorMetrics:
                                          registry=r)
         self.handed_on_samples = Counter(names.GENERATOR_HANDED_ON_SAMPLES_TOTAL,
                                          "Samples handed back to the prompts stream at a stop.", registry=r)
+        self.waiting = WaitState(Gauge(names.GENERATOR_WAITING_SINCE_SECONDS, WAITING_HELP, ["on"],
+                                       registry=r))

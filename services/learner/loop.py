@@ -34,6 +34,7 @@ from asyncrlhf.metrics import make_app, write_final_metrics
 from asyncrlhf.model_sources import resolved_revision
 from asyncrlhf.registry import Registry
 from asyncrlhf.service import HttpServer, check_bind
+from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import EVENTS, RunStreams, connect
 from asyncrlhf.trackers import open_trackers, step_scalars
 from asyncrlhf.training import checkpoint, engine
@@ -41,6 +42,7 @@ from asyncrlhf.training.batch import TrainGroup
 from services.learner.broadcast import broadcast_groups
 from services.learner.follower import leads_a_follower_node, serve_follower_http
 from services.learner.metrics import LearnerMetrics, step_summary
+from services.learner.stalls import StallWatch
 from services.learner.sync import WeightPublisher
 
 log = logging.getLogger("asyncrlhf.learner")
@@ -72,6 +74,7 @@ class Learner:
         self.state = self._resume() if resume else checkpoint.LearnerState()
         self.metrics = LearnerMetrics()
         self.http: HttpServer | None = None
+        self.watch: StallWatch | None = None
         registry = None
         if self.rank == 0:
             self.client = connect(cfg.redis)
@@ -81,6 +84,7 @@ class Learner:
             # A new lineage begins here, before anything is pushed (see asyncrlhf.consumed).
             self.inbox = Inbox(cfg, streams, parts.prompts, self.state, self.metrics, resumed=self.resumed)
             self.trackers = open_trackers(cfg, "learner")
+            self.watch = StallWatch(cfg, self.metrics)
             self._serve_http()
         elif leads_a_follower_node(self.rank):
             self.http = serve_follower_http(cfg, self.rank, self.world)
@@ -117,6 +121,8 @@ class Learner:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self) -> int:
+        if self.watch:
+            self.watch.start()
         self.weights.publish(self.state.version)
         while self.state.steps < self.cfg.learner.total_steps and not self.stop.is_set():
             batch = self._collect() if self.rank == 0 else None
@@ -128,13 +134,16 @@ class Learner:
         return 0
 
     def _collect(self) -> StepBatch | None:
-        return self.inbox.collect(self.state.version, self.stop, self.weights.sync_late_generators)
+        with self.metrics.waiting.waiting(Wait.SCORED_GROUPS):
+            return self.inbox.collect(self.state.version, self.stop, self.weights.sync_late_generators)
 
     def _step(self, batch: StepBatch | None, groups: list[TrainGroup]) -> None:
         started = time.perf_counter()
         with self.cores.busy() if self.cores else nullcontext():
             stats = self.trainer.train_step(groups, step_seed=self.cfg.run.seed + self.state.version)
         self.state.version += 1
+        if self.watch:
+            self.watch.stepped()
         publish = self.state.steps % self.cfg.learner.sync_every == 0
         if self.rank != 0:
             if publish:
@@ -150,7 +159,8 @@ class Learner:
         self.trackers.log_scalars(step_scalars(stats, [g.decision.staleness for g in groups], step_s, lr),
                                   step=self.state.version - 1)
         if publish:
-            self.inbox.settle(batch, self.state.version - 1, self.stop, self.weights.sync_late_generators)
+            with self.metrics.waiting.waiting(Wait.SCORED_GROUPS):
+                self.inbox.settle(batch, self.state.version - 1, self.stop, self.weights.sync_late_generators)
             self.weights.publish(self.state.version)
         self.inbox.release(self.state.version)  # before events and checkpoints: no generator waits
         ids = [g.message.group_id for g in groups]
@@ -187,6 +197,8 @@ class Learner:
         if self.state.steps % self.cfg.learner.checkpoint_every != 0 or self.state.steps == 0:
             self._maybe_checkpoint(force=True)
         if self.rank == 0:
+            if self.watch:
+                self.watch.stop()
             done = self.state.steps >= self.cfg.learner.total_steps
             self._emit(EVENT_KIND_RUN_FINISHED if done else EVENT_KIND_POLICY_VERSION)
             self.inbox.replica_wait("the learner's last event")  # the evaluator stops on RUN_FINISHED

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf import metrics as names
+from asyncrlhf.stalls import Hop, WaitState
 from asyncrlhf.training.batch import TrainGroup
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
@@ -82,6 +83,13 @@ class LearnerMetrics:
         self.requeued = Counter(names.LEARNER_REQUEUED_GROUPS_TOTAL,
                                 "Groups enqueued again at a start: update lost, or entry lost by Redis.",
                                 ["reason"], registry=r)
+        self.waiting = WaitState(Gauge(names.LEARNER_WAITING_SINCE_SECONDS, "Unix time the wait began, by "
+                                       "what it waits on (scored_groups, push); none while it trains.",
+                                       ["on"], registry=r))
+        self.stalled = Gauge(names.LEARNER_STALLED_SECONDS, "Seconds without a step, once that exceeds "
+                             "launch.stall_after_s (else 0), by the hop that holds the learner up "
+                             "(docs/stalls.md).", ["hop"], registry=r)
+        self.stalled.labels(Hop.NONE.value).set(0)
 
     def record_step(self, stats: dict[str, float], groups: list[TrainGroup], version: int) -> None:
         """A trained step: `version` is the one its update produced; staleness is per sample (the groups'

@@ -19,6 +19,7 @@ import torch
 
 from asyncrlhf.config import Config
 from asyncrlhf.registry import Member, Registry
+from asyncrlhf.stalls import Wait
 from asyncrlhf.training import engine
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
@@ -98,8 +99,9 @@ class WeightPublisher:
         served = True
         push = self.pusher.prepare(self._weights, self.current)
         fanout = self.cfg.learner.relay_fanout  # the tree, else directly to each
-        outcomes = TreePush(self.pusher, push, fanout).run(targets) if fanout else \
-            self.pusher.send(push, targets)
+        with self.metrics.waiting.waiting(Wait.PUSH, ", ".join(t.id for t in targets)):
+            outcomes = TreePush(self.pusher, push, fanout).run(targets) if fanout else \
+                self.pusher.send(push, targets)
         for outcome in outcomes:
             target = outcome.target.id
             self.metrics.push_time.labels(target).set(outcome.seconds)

@@ -27,6 +27,7 @@ from asyncrlhf.rewards import CompositeReward, Item, ScorerConfigError, ScoreRes
 from asyncrlhf.rewards.groups import items_of, scored
 from asyncrlhf.rewards.openrlhf import QueryReader
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
+from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, SCORED, Consumer, Delivery, Producer, RunStreams
 from services.reward.http import ServingState, create_app
 from services.reward.metrics import RewardMetrics
@@ -54,6 +55,7 @@ class RewardLoop:
             try:
                 self.step()
             except redis.ConnectionError as err:  # the client already retried with back-off
+                self.metrics.waiting.wait(Wait.REDIS)
                 self.log.warning("Redis unavailable (%s); retrying", err)
                 stop.wait(1.0)
 
@@ -61,7 +63,10 @@ class RewardLoop:
         """Read, score, write and ack one batch; returns the groups written."""
         batch = self.consumer.read(self.read_groups, block_ms)
         written = 0
-        if batch:
+        if not batch:
+            self.metrics.waiting.wait(Wait.ROLLOUTS)
+        else:
+            self.metrics.waiting.work()
             outputs, errors = self._score(batch)
             done = [i for i, out in enumerate(outputs) if out is not None]
             if done:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf import metrics as names
+from asyncrlhf.stalls import WaitState
 
 REWARD_BUCKETS = (-10, -5, -2, -1, -0.75, -0.5, -0.25, 0, 0.25, 0.5, 0.75, 1, 2, 5, 10)
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -57,6 +58,12 @@ class RewardMetrics:
             "Re-delivered groups skipped because they were already scored.",
             registry=r,
         )
+        self.waiting = WaitState(Gauge(
+            names.REWARD_WAITING_SINCE_SECONDS,
+            "Unix time the wait began, by what it waits on (rollouts, redis); none while scoring.",
+            ["on"],
+            registry=r,
+        ))
         self._recent: deque[float] = deque(maxlen=RUNNING_WINDOW)
         self._recent_components: dict[str, deque[float]] = {}
 

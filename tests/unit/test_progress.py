@@ -1,12 +1,15 @@
 """The `asyncrlhf up` display on rich's recording console: unknown values read `–`, the last known values
 stay after a service exits, and the final frame is the final state."""
 
+import time
+
 import pytest
 from rich.console import Console
 
 from asyncrlhf import metrics as names
-from asyncrlhf.launcher import Snapshot
-from asyncrlhf.progress import Progress
+from asyncrlhf.progress import Progress, rows
+from asyncrlhf.scrape import Snapshot
+from asyncrlhf.stalls import Hop, Stall
 
 pytestmark = pytest.mark.unit
 TOTAL = 1500
@@ -120,3 +123,20 @@ def test_the_generator_backend_and_why_auto_chose_it_are_shown():
     line = next(line for line in frames(console)[-1].splitlines() if "generator" in line)
     assert "hf (auto: vLLM is not installed)" in line
 
+
+
+def test_the_learner_s_wait_and_then_its_stall_are_shown():
+    clock = Clock()
+    progress, console = display(clock)
+    snap = snapshot(learner=learner_at(3))
+    snap.waiting["learner"] = ("scored_groups", time.time() - 75)
+    progress.update(snap)
+    assert dict(rows(progress.state))["learner waits on"] == "scored_groups for 1m15s"
+    clock.now += 5
+    progress.update(snapshot(learner=None))
+    assert progress.state.stepless_s() == 5.0 and progress.state.silent_s("learner") == 5.0
+    progress.state.stall = Stall(Hop.LEARNER, "learner not stepping for 5 s: process alive but its metrics "
+                                 "endpoint does not answer for 5 s", 5.0)
+    progress.close()
+    text = console.export_text()
+    assert "STALLED" in text and "at learner: learner not stepping" in text, text

@@ -55,6 +55,16 @@ def test_promtool_check_rules():
 
 
 @needs_promtool
+def test_the_stall_alerts_fire_and_name_the_hop_and_the_evidence():
+    """deploy/prometheus/alerts.test.yml: a stall at the generators, a frozen learner (promtool's unit tests,
+    which expand the annotations' queries against the series the test gives)."""
+    out = subprocess.run(["promtool", "test", "rules", "alerts.test.yml"], check=False, capture_output=True,
+                         text=True, cwd=PROMETHEUS, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+@needs_promtool
 def test_promtool_rejects_a_broken_rule(tmp_path):
     broken = tmp_path / "broken.yml"
     broken.write_text(
@@ -71,6 +81,7 @@ def test_the_alerts_cover_the_failure_modes_the_issue_names():
         "AsyncrlhfGeneratorDown",
         "AsyncrlhfQueueBacklogGrowing",
         "AsyncrlhfLearnerStalled",
+        "AsyncrlhfLearnerDown",
         "AsyncrlhfDeadLetters",
     }
     for rule in alert_rules():

@@ -1,0 +1,93 @@
+"""The stall monitor that the learner (a thread beside its loop) and `asyncrlhf up` (its progress loop)
+both run: asked about once a second how long the learner has gone without a step, it gathers the evidence
+(Redis, and what the caller knows), judges it (`diagnose`) and says so: once when a stall begins or moves to
+another hop, again every `launch.stall_after_s` while it lasts, and once when the learner steps again.
+
+`asyncrlhf up` also tells it which running processes do not answer /metrics: one silent for
+`launch.stall_after_s` is named at once, stall or not (a frozen replica among several may only slow the run
+down, until its entries are re-claimed), and named again when it answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import redis
+
+from asyncrlhf.config import Config
+from asyncrlhf.stalls.diagnosis import Evidence, Expected, Stall, diagnose
+from asyncrlhf.stalls.evidence import FlowProbe
+from asyncrlhf.stalls.waiting import Waiting
+from asyncrlhf.streams import connect
+
+PROBE_TIMEOUT_S = 1.0  # a Redis command the monitor sends gives up after this long
+
+
+def silent_after_s(cfg: Config) -> float:
+    """How long a live replica can go without a sign of life: three missed generator heartbeats, or three
+    reward reads (a replica blocks at most `redis.block_ms` per read, then reads again)."""
+    return max(3 * cfg.generator.heartbeat_s, 3 * cfg.redis.block_ms / 1000)
+
+
+class StallMonitor:
+    def __init__(self, cfg: Config, probe: FlowProbe, say: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic):
+        self.stall_after_s = cfg.launch.stall_after_s
+        self.expected = Expected(cfg.generator.replicas, cfg.reward.replicas, silent_after_s(cfg))
+        self.probe, self.say, self.clock = probe, say, clock
+        self.stall: Stall | None = None
+        self._said_at = 0.0
+        self._silent: set[str] = set()  # processes said not to answer
+
+    @classmethod
+    def from_config(cls, cfg: Config, say: Callable[[str], None], url: str | None = None) -> StallMonitor:
+        """With its own client, one that gives up fast (`url`: the embedded Redis of `asyncrlhf up`)."""
+        client = connect(cfg.redis, url, retries=0, timeout_s=PROBE_TIMEOUT_S)
+        return cls(cfg, FlowProbe(client, cfg.run.name), say)
+
+    def check(self, stepless_s: float, waiting: Waiting | None, learner_silent_s: float | None = None,
+              silent_services: Sequence[tuple[str, float]] = ()) -> Stall | None:
+        """The stall now, if any. `waiting`: the learner's wait; `learner_silent_s`, `silent_services`: what
+        only `asyncrlhf up` sees (the learner's metrics endpoint, or others', not answering)."""
+        self._notice(silent_services)
+        redis_silent = self.probe.redis_silent_s()
+        if stepless_s < self.stall_after_s:
+            self._over()
+            return None
+        flow = None
+        if redis_silent is None:
+            try:
+                flow = self.probe.flow()
+            except redis.RedisError:
+                redis_silent = self.probe.clock() - self.probe.answered_at
+        now = time.time()
+        evidence = Evidence(stepless_s, self.expected,
+                            waiting.on if waiting else None, waiting.seconds(now) if waiting else 0.0,
+                            waiting.detail if waiting else "", redis_silent, flow, learner_silent_s,
+                            tuple(silent_services))
+        stall = diagnose(evidence, self.stall_after_s)
+        if stall is not None:
+            self._announce(stall)
+        return stall
+
+    def _notice(self, silent_services: Sequence[tuple[str, float]]) -> None:
+        silent = {name: s for name, s in silent_services if s >= self.stall_after_s}
+        for name in sorted(silent.keys() - self._silent):
+            self.say(f"{name} alive but not answering /metrics for {silent[name]:.0f} s (frozen or hung?)")
+        for name in sorted(self._silent - silent.keys()):
+            self.say(f"{name} answers /metrics again")
+        self._silent = set(silent)
+
+    def _announce(self, stall: Stall) -> None:
+        moved = self.stall is None or stall.hop is not self.stall.hop
+        if moved or self.clock() - self._said_at >= self.stall_after_s:
+            self.say(f"stalled at {stall.hop}: {stall.message}")
+            self._said_at = self.clock()
+        self.stall = stall
+
+    def _over(self) -> None:
+        if self.stall is not None:
+            self.say(f"stall over: the learner steps again (stalled at {self.stall.hop} for at least "
+                     f"{self.stall.stepless_s:.0f} s)")
+            self.stall = None
