@@ -77,7 +77,7 @@ class VLLMConfig(Section):
         "there), false on GPU.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Engine dtype. auto: the learner's (`model.dtype`). Another dtype is logged as a "
-        "warning: behaviour log-probs then differ from the learner's (bf16 vs fp32: ~0.4 nats/token).")
+        "warning: behaviour log-probs then differ from the learner's (by how much: docs/benchmarks.md).")
     kv_cache_gib: int = Field(
         1, ge=1, description="CPU: KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE); on CPU vLLM would "
         "take gpu_memory_utilization as a share of host RAM.")
