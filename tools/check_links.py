@@ -31,7 +31,9 @@ class _Page(HTMLParser):
                 continue
             if name == "id":
                 self.ids.add(value)
-            elif name in ("href", "src") and not (tag == "link" and name == "href" and "canonical" in str(attrs)):
+            elif name in ("href", "src") and not (
+                tag == "link" and name == "href" and "canonical" in str(attrs)
+            ):
                 self.links.append(value)
 
 

@@ -74,27 +74,41 @@ def parse(text: str) -> list[Block]:
         indent, body, start = opened["indent"], [], i
         i += 1
         while i < len(lines) and lines[i].strip() != "```":
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].lstrip())
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].lstrip())
             i += 1
         title = TITLE.search(opened["attrs"])
         before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         skip = SKIP.search(before)
-        blocks.append(Block(start + 1, opened["lang"], "\n".join(body) + "\n", title["title"] if title else None,
-                            skip["reason"].strip() if skip else None))
+        blocks.append(
+            Block(
+                start + 1,
+                opened["lang"],
+                "\n".join(body) + "\n",
+                title["title"] if title else None,
+                skip["reason"].strip() if skip else None,
+            )
+        )
         i += 1
     return blocks
 
 
 def problems(blocks: Sequence[Block]) -> list[str]:
     """What makes a page's blocks unrunnable as written: a language this runner does not know."""
-    return [f"line {b.line}: ```{b.lang} is not one of {', '.join(KINDS)} (or give it a title=\"FILE\")"
-            for b in blocks if b.action not in ("skip", "write") and b.lang not in KINDS]
+    return [
+        f'line {b.line}: ```{b.lang} is not one of {", ".join(KINDS)} (or give it a title="FILE")'
+        for b in blocks
+        if b.action not in ("skip", "write") and b.lang not in KINDS
+    ]
 
 
 def environment() -> dict[str, str]:
     scripts = str(Path(sys.executable).parent)
     path = ROOT if "PYTHONPATH" not in os.environ else f"{ROOT}{os.pathsep}{os.environ['PYTHONPATH']}"
-    return {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(path)}
+    return {
+        **os.environ,
+        "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(path),
+    }
 
 
 def prepare(workdir: Path) -> None:
@@ -116,16 +130,28 @@ def run_block(block: Block, workdir: Path, timeout_s: float = 600) -> subprocess
         target.write_text(block.code)
         return None
     if action == "config":
-        code = ("import sys, tempfile\nfrom asyncrlhf.config import load_config\n"
-                "with tempfile.NamedTemporaryFile('w', suffix='.yaml', delete=False) as f:\n"
-                "    f.write(sys.stdin.read())\n"
-                "load_config([f.name])\n")
+        code = (
+            "import sys, tempfile\nfrom asyncrlhf.config import load_config\n"
+            "with tempfile.NamedTemporaryFile('w', suffix='.yaml', delete=False) as f:\n"
+            "    f.write(sys.stdin.read())\n"
+            "load_config([f.name])\n"
+        )
         command = [sys.executable, "-c", code]
     else:
-        command = ["bash", "-euo", "pipefail", "-c", block.code] if block.lang == "bash" else \
-            [sys.executable, "-c", block.code]
-    return subprocess.run(command, cwd=workdir, env=environment(), input=block.code if action == "config" else None,
-                          capture_output=True, text=True, timeout=timeout_s)
+        command = (
+            ["bash", "-euo", "pipefail", "-c", block.code]
+            if block.lang == "bash"
+            else [sys.executable, "-c", block.code]
+        )
+    return subprocess.run(
+        command,
+        cwd=workdir,
+        env=environment(),
+        input=block.code if action == "config" else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def run_page(page: Path, workdir: Path) -> list[str]:
@@ -136,15 +162,17 @@ def run_page(page: Path, workdir: Path) -> list[str]:
         return found
     prepare(workdir)
     for block in blocks:
-        print(f"--- {page.name}:{block.line} ```{block.lang} ({block.action}{': ' + block.skip if block.skip else ''})",
-              flush=True)
+        why = f": {block.skip}" if block.skip else ""
+        print(f"--- {page.name}:{block.line} ```{block.lang} ({block.action}{why})", flush=True)
         done = run_block(block, workdir)
         if done is None:
             continue
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", flush=True)
         if done.returncode != 0:
-            return [f"{page}:{block.line}: ```{block.lang} exited {done.returncode}\n{block.code}\n"
-                    f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"]
+            return [
+                f"{page}:{block.line}: ```{block.lang} exited {done.returncode}\n{block.code}\n"
+                f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+            ]
     return []
 
 
@@ -155,7 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="doc-blocks-"))
     failed = run_page(args.page.resolve(), workdir)
-    print("\n".join(failed) or f"every block of {args.page} ran (in {workdir})", file=sys.stderr if failed else sys.stdout)
+    print(
+        "\n".join(failed) or f"every block of {args.page} ran (in {workdir})",
+        file=sys.stderr if failed else sys.stdout,
+    )
     return 1 if failed else 0
 
 

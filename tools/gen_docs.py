@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -48,7 +49,7 @@ class Section:
     """One table of the reference: a section class at a dotted path (`learner.kl`), maybe one union member."""
 
     path: str
-    cls: type
+    cls: type[BaseModel]
     note: str = ""  # e.g. "`algorithm: ppo`": which member of a union this table is
     inherited: frozenset[str] = frozenset()  # fields shown in the union's shared table instead
 
@@ -69,7 +70,9 @@ def config_sections() -> Iterator[Section]:
     yield from _sections(Config, "")
 
 
-def _sections(cls: type, path: str, note: str = "", inherited: frozenset[str] = frozenset()) -> Iterator[Section]:
+def _sections(
+    cls: type[BaseModel], path: str, note: str = "", inherited: frozenset[str] = frozenset()
+) -> Iterator[Section]:
     if path:
         yield Section(path, cls, note, inherited)
     for name, field in cls.model_fields.items():
@@ -91,19 +94,19 @@ def _sections(cls: type, path: str, note: str = "", inherited: frozenset[str] = 
             yield from _sections(member, child, f"`{tagged.tag}: {value}`", frozenset(shared))
 
 
-def _unique(members: dict[str, type]) -> list[tuple[str, type]]:
+def _unique(members: dict[str, type[BaseModel]]) -> list[tuple[str, type[BaseModel]]]:
     """(tag values joined, member) for each member once (one member may take several tag values)."""
-    out: dict[type, list[str]] = {}
+    out: dict[type[BaseModel], list[str]] = {}
     for value, member in members.items():
         out.setdefault(member, []).append(value)
     return [(" | ".join(values), member) for member, values in out.items()]
 
 
-def _shared_fields(members: list[type]) -> set[str]:
+def _shared_fields(members: list[type[BaseModel]]) -> set[str]:
     return set.intersection(*(set(m.model_fields) for m in members))
 
 
-def _common_base(members: list[type]) -> type:
+def _common_base(members: list[type[BaseModel]]) -> type[BaseModel]:
     """The closest class every member derives from (LearnerBase, the scorers' base)."""
     for candidate in members[0].__mro__[1:]:
         if all(issubclass(m, candidate) for m in members):
@@ -118,12 +121,18 @@ def leaf_rows(section: Section) -> list[tuple[str, str, str, str]]:
     for name, field in fields.items():
         if name in section.inherited or _slot(field) is not None:
             continue
-        rows.append((f"{section.path}.{name}", type_name(field.annotation), default_text(field),
-                     description(section.cls, name, field)))
+        rows.append(
+            (
+                f"{section.path}.{name}",
+                type_name(field.annotation),
+                default_text(field),
+                description(section.cls, name, field),
+            )
+        )
     return rows
 
 
-def description(cls: type, name: str, field: FieldInfo) -> str:
+def description(cls: type[BaseModel], name: str, field: FieldInfo) -> str:
     """The field's description; a tag field (`kind`, `algorithm`) declared without one says what it picks."""
     if field.description:
         return _one_line(field.description)
@@ -215,7 +224,11 @@ def _help_of(argv: list[str]) -> str:
     saved = sys.argv
     sys.argv = ["asyncrlhf", *argv]
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), contextlib.suppress(SystemExit):
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(out),
+            contextlib.suppress(SystemExit),
+        ):
             cli.main(argv)
     finally:
         sys.argv = saved
@@ -227,14 +240,24 @@ def cli_page() -> str:
     from asyncrlhf.bench import BENCHMARKS
 
     os.environ["COLUMNS"] = "110"  # argparse wraps at the terminal's width; the page must not depend on it
-    lines = [HEADER.format(what="from `asyncrlhf <command> --help`"), "# Command-line reference\n",
-             "`asyncrlhf <command>` runs every service and offline stage; `python -m services.<name>` is the "
-             "same as `asyncrlhf <name>`. Each section is the command's own `--help`.\n",
-             "```text", _help_of(["--help"]), "```\n"]
+    lines = [
+        HEADER.format(what="from `asyncrlhf <command> --help`"),
+        "# Command-line reference\n",
+        "`asyncrlhf <command>` runs every service and offline stage; `python -m services.<name>` is the "
+        "same as `asyncrlhf <name>`. Each section is the command's own `--help`.\n",
+        "```text",
+        _help_of(["--help"]),
+        "```\n",
+    ]
     for name in cli.COMMANDS:
         lines += [f"## `asyncrlhf {name}`\n", "```text", _help_of([name, "--help"]), "```\n"]
     for bench in BENCHMARKS:
-        lines += [f"### `asyncrlhf bench {bench}`\n", "```text", _help_of(["bench", bench, "--help"]), "```\n"]
+        lines += [
+            f"### `asyncrlhf bench {bench}`\n",
+            "```text",
+            _help_of(["bench", bench, "--help"]),
+            "```\n",
+        ]
     return "\n".join(lines)
 
 
@@ -246,7 +269,7 @@ LABELS = re.compile(r"labels?: ([\w, ]+?)\s*(?:\(|$)")  # `label: stream`, `labe
 
 
 def metric_comments() -> dict[str, tuple[str, str]]:
-    """Constant name -> (metric name, the comment on its line in asyncrlhf/metrics.py, e.g. `label: stream`)."""
+    """Constant name -> (metric name, the comment on its line in asyncrlhf/metrics.py, e.g. `label: x`)."""
     from asyncrlhf import metrics
 
     source = Path(metrics.__file__)
@@ -272,8 +295,12 @@ def declared_metrics() -> dict[str, tuple[str, str]]:
     from services.learner.metrics import LearnerMetrics
     from services.reward.metrics import RewardMetrics
 
-    registries = [GeneratorMetrics("generator-0").registry, RewardMetrics().registry,
-                  LearnerMetrics().registry, EvaluatorMetrics().registry]
+    registries = [
+        GeneratorMetrics("generator-0").registry,
+        RewardMetrics().registry,
+        LearnerMetrics().registry,
+        EvaluatorMetrics().registry,
+    ]
     out = {}
     for registry in registries:
         for family in registry.collect():
@@ -286,13 +313,16 @@ def metrics_page() -> str:
     from asyncrlhf import metrics
 
     declared = declared_metrics()
-    lines = [HEADER.format(what="from asyncrlhf/metrics.py and services/*/metrics.py"), "# Metrics reference\n",
-             "Every metric a service exports on `/metrics`: the name is a constant of `asyncrlhf/metrics.py` "
-             "(its one owner), the type and help are what the service declares (`services/<name>/metrics.py`), "
-             "the labels are noted beside the constant. A histogram adds `_bucket`, `_count` and `_sum` "
-             "samples. Dashboards and alerts that read them: [Dashboards and alerts](../monitoring.md).\n"]
+    lines = [
+        HEADER.format(what="from asyncrlhf/metrics.py and services/*/metrics.py"),
+        "# Metrics reference\n",
+        "Every metric a service exports on `/metrics`: the name is a constant of `asyncrlhf/metrics.py` "
+        "(its one owner), the type and help are what the service declares (`services/<name>/metrics.py`), "
+        "the labels are noted beside the constant. A histogram adds `_bucket`, `_count` and `_sum` "
+        "samples. Dashboards and alerts that read them: [Dashboards and alerts](../monitoring.md).\n",
+    ]
     by_service: dict[str, list[tuple[str, str, str, str]]] = {}
-    for constant, (name, comment) in metric_comments().items():
+    for name, comment in metric_comments().values():
         kind, help_ = declared.get(name, ("", ""))
         found = LABELS.search(comment)
         labels = ", ".join(f"`{x.strip()}`" for x in found.group(1).split(",")) if found else ""

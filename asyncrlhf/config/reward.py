@@ -79,7 +79,8 @@ class EvaluatorConfig(Section):
     num_prompts: int = Field(100, ge=1, description="Held-out prompts to evaluate on.")
     max_new_tokens: int = Field(64, ge=1, description="Most tokens generated per held-out prompt.")
     temperature: float = Field(0.0, ge=0, description="0: greedy decoding.")
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend of the offline `asyncrlhf generate`.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation backend of the offline `asyncrlhf generate`.")
     device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`.")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: leave torch's default).")
     http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (health, metrics).")

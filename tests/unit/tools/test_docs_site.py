@@ -19,14 +19,24 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-4000:]
     return out
 
 
 def test_the_site_builds_strict_and_every_page_is_there(site):
-    for page in ("index.html", "bring-your-own/index.html", "reference/config/index.html", "design/index.html"):
+    for page in (
+        "index.html",
+        "bring-your-own/index.html",
+        "reference/config/index.html",
+        "design/index.html",
+    ):
         assert (site / page).is_file(), page
 
 
@@ -37,7 +47,10 @@ def test_every_link_of_the_site_resolves(site):
 def test_the_link_checker_finds_a_broken_link_and_a_missing_anchor(tmp_path):
     (tmp_path / "a.html").write_text('<a href="b.html#there">b</a><a href="c.html">c</a><h1 id="here">')
     (tmp_path / "b.html").write_text('<a href="a.html#here">a</a><a href="https://example.org/x">x</a>')
-    assert site_problems(tmp_path) == ["a.html: b.html#there (no #there there)", "a.html: c.html (no such file)"]
+    assert site_problems(tmp_path) == [
+        "a.html: b.html#there (no #there there)",
+        "a.html: c.html (no such file)",
+    ]
 
 
 def test_every_relative_link_of_the_readme_resolves():
@@ -48,7 +61,12 @@ def test_no_file_cites_a_design_file_outside_the_repository():
     git = shutil.which("git")
     if git is None or not (ROOT / ".git").exists():
         pytest.skip("needs git and a checkout")
-    cited = subprocess.run([git, "grep", "-l", "DESIGN.md", "--", ":!tests/unit/tools/test_docs_site.py"], cwd=ROOT, capture_output=True, text=True).stdout
+    cited = subprocess.run(
+        [git, "grep", "-l", "DESIGN.md", "--", ":!tests/unit/tools/test_docs_site.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert cited.split() == [] or (ROOT / "DESIGN.md").is_file(), f"these cite DESIGN.md: {cited}"
 
 

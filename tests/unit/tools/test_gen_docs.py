@@ -13,39 +13,38 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize("name", list(PAGES))
 def test_the_committed_page_is_what_the_code_generates(name):
-    assert (REFERENCE / name).read_text() == PAGES[name](), f"docs/reference/{name} is stale: run `make docs-gen`"
+    assert (REFERENCE / name).read_text() == PAGES[name](), (
+        f"docs/reference/{name} is stale: run `make docs-gen`"
+    )
 
 
 def tree_keys() -> dict[str, object]:
     """Every leaf key of the config tree (`reward.scorers[].name`, `learner.ppo.clip_eps`), walked from the
     pydantic models themselves, not from the generator -> its FieldInfo."""
+    from types import UnionType
     from typing import Annotated, Union, get_args, get_origin
 
     from asyncrlhf.config import Config, Section
 
     keys: dict[str, object] = {}
 
-    def sections(annotation):
+    def sections(annotation) -> list[type]:
+        """The sections a field holds: one, the members of a (tagged) union, or none for a plain value."""
         if get_origin(annotation) is Annotated:
             annotation = get_args(annotation)[0]
-        if get_origin(annotation) is list:
-            return sections(get_args(annotation)[0])
-        args = get_args(annotation) if get_origin(annotation) in (Union, __import__("types").UnionType) else ()
-        found = [a for a in (args or (annotation,)) if isinstance(a, type) and issubclass(a, Section)]
-        return found, get_origin(annotation) is list
+        union = get_origin(annotation) in (Union, UnionType)
+        return [a for a in (get_args(annotation) if union else (annotation,))
+                if isinstance(a, type) and issubclass(a, Section)]
 
     def walk(cls, prefix):
         for name, field in cls.model_fields.items():
-            annotation = field.annotation
-            many = get_origin(annotation) is list
-            held = get_args(annotation)[0] if many else annotation
-            members, _ = sections(held)
-            path = f"{prefix}{name}{'[]' if many else ''}"
-            if members:
-                for member in members:
-                    walk(member, f"{path}.")
-            else:
-                keys[path] = field
+            many = get_origin(field.annotation) is list
+            members = sections(get_args(field.annotation)[0] if many else field.annotation)
+            if not members:
+                keys[f"{prefix}{name}"] = field
+            for member in members:
+                walk(member, f"{prefix}{name}{'[]' if many else ''}.")
+
     walk(Config, "")
     return keys
 
@@ -61,8 +60,11 @@ def test_every_key_of_the_config_tree_is_in_the_reference():
 
 def test_every_key_has_a_description():
     page = config_page()
-    undescribed = [row.split("|")[1].strip() for row in page.splitlines()
-                   if row.startswith("| `") and row.rstrip().endswith("|  |")]
+    undescribed = [
+        row.split("|")[1].strip()
+        for row in page.splitlines()
+        if row.startswith("| `") and row.rstrip().endswith("|  |")
+    ]
     assert undescribed == [], "give these fields a `description=` in asyncrlhf/config/"
 
 
