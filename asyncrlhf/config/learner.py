@@ -17,7 +17,11 @@ from asyncrlhf.config.base import Section, Tagged
 
 
 class KLConfig(Section):
-    kind: Literal["kl", "clamped_kl", "bregman", "jensen_shannon", "squared_error"] = "kl"
+    """`learner.kl`: the penalty that holds the policy near the reference (`asyncrlhf/algorithms/kl.py`)."""
+
+    kind: Literal["kl", "clamped_kl", "bregman", "jensen_shannon", "squared_error"] = Field(
+        "kl", description="The per-token estimator: kl (k1), clamped_kl, bregman (k3), jensen_shannon, "
+        "squared_error (k2).")
     coef: float = Field(0.05, ge=0, description="KL coefficient (initial value when adaptive).")
     placement: Literal["reward", "loss"] = Field(
         "reward", description="Shape the reward, or add a loss term."
@@ -28,30 +32,41 @@ class KLConfig(Section):
 
 
 class LoraConfig(Section):
-    enabled: bool = False
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """LoRA adapters: only they train, the reference is the base with adapters off, pushes carry only them."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get adapters.")
 
 
 class DeepSpeedConfig(Section):
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    bf16: bool = False
+    """`learner.deepspeed`: the engine's JSON is generated from these and the learner's keys, unless
+    `config_file` names your own (`asyncrlhf/training/user_deepspeed.py`: which of its keys win)."""
+
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage.")
+    bf16: bool = Field(False, description="Train in bfloat16.")
     config_file: str | None = Field(None, description="Your own DeepSpeed JSON; replaces the generated one.")
-    offload_optimizer: bool = False
+    offload_optimizer: bool = Field(False, description="ZeRO >= 1: keep the optimizer state in host memory.")
 
 
 class PPOConfig(Section):
-    clip_eps: float = Field(0.2, gt=0)
-    value_clip_eps: float = Field(0.2, gt=0)
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
+    """`learner.ppo`: clipped surrogate, value model and GAE."""
+
+    clip_eps: float = Field(0.2, gt=0, description="Policy-ratio clip around the pre-update policy.")
+    value_clip_eps: float = Field(0.2, gt=0, description="Value clip around the pre-update values.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount (GAE).")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     epochs: int = Field(1, ge=1, description="Passes over each batch.")
     minibatches: int = Field(1, ge=1, description="Mini-batches per pass.")
-    vf_coef: float = Field(0.1, ge=0)
-    value_init: Literal["reward_model", "policy"] = "policy"
-    whiten_advantages: bool = True
+    vf_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
+    value_init: Literal["reward_model", "policy"] = Field(
+        "policy", description="The value model starts from the policy, or from the reward model (a `model` "
+        "scorer with the policy's tokenizer).")
+    whiten_advantages: bool = Field(True, description="Normalise advantages to zero mean, unit variance.")
 
 
 
@@ -59,7 +74,8 @@ class OnlineDPOConfig(Section):
     """`learner.online_dpo`: the DPO loss on each group's best and worst completion."""
 
     beta: float = Field(0.1, gt=0, description="DPO beta: how strongly the policy is held to the reference.")
-    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="sigmoid (DPO), ipo (IPO) or hinge (SLiC).")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative DPO (sigmoid loss only).")
 
 
@@ -89,11 +105,12 @@ class LearnerBase(Section):
     algorithm: str = Field(
         description="online_dpo, ppo, rloo, grpo, dr_grpo, reinforce_pp or best_of_n (picks the member)."
     )
-    lr: float = Field(1e-6, gt=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    lr: float = Field(1e-6, gt=0, description="Learning rate (AdamW).")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Decay after warm-up, to 0 at total_steps.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     total_steps: int = Field(100, ge=1, description="Optimizer steps to train.")
     groups_per_step: int = Field(8, ge=1, description="Prompt groups consumed per optimizer step.")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
@@ -113,9 +130,10 @@ class LearnerBase(Section):
     lora: LoraConfig = LoraConfig()
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     sync_every: int = Field(1, ge=1, description="Push weights to generators every this many steps.")
-    push_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    push_chunk_bytes: int = Field(4 << 20, ge=1024)
-    push_timeout_s: float = Field(60.0, gt=0)
+    push_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype of pushed weights.")
+    push_chunk_bytes: int = Field(4 << 20, ge=1024, description="Bytes per WeightSync chunk.")
+    push_timeout_s: float = Field(60.0, gt=0, description="A push to one generator fails after this long.")
     push_max_failures: int = Field(
         20, ge=1, description="Transient push failures in a row to a live generator before the learner stops."
     )
@@ -124,13 +142,13 @@ class LearnerBase(Section):
         "in a tree (the learner streams to k, each that has committed forwards to at most k more), so the "
         "learner's upload stays about k versions; same-host generators keep shared memory (docs/weights.md)."
     )
-    checkpoint_every: int = Field(50, ge=1)
-    keep_checkpoints: int = Field(3, ge=1)
+    checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps.")
+    keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept; older ones are deleted.")
     data_epochs: int = Field(1000, ge=1, description="Passes over the prompt set before stopping.")
-    device: str = "auto"
-    threads: int = Field(0, ge=0)
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(0, ge=0)
+    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`.")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: leave torch's default).")
+    http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (health, metrics).")
+    http_port: int = Field(0, ge=0, description="HTTP port (0: pick a free one).")
 
     @model_validator(mode="after")
     def _controlled_staleness_pushes_every_step(self) -> LearnerBase:
@@ -161,6 +179,8 @@ class LearnerBase(Section):
 
 
 class OnlineDPOLearnerConfig(LearnerBase):
+    """`algorithm: online_dpo`: DPO on each group's best and worst completion."""
+
     algorithm: Literal["online_dpo"] = "online_dpo"
     online_dpo: OnlineDPOConfig = OnlineDPOConfig()
 
@@ -168,6 +188,8 @@ class OnlineDPOLearnerConfig(LearnerBase):
 
 
 class PPOLearnerConfig(LearnerBase):
+    """`algorithm: ppo`: clipped surrogate with a value model and GAE."""
+
     algorithm: Literal["ppo"] = "ppo"
     ppo: PPOConfig = PPOConfig()
 
@@ -178,6 +200,8 @@ class PPOLearnerConfig(LearnerBase):
 
 
 class PolicyGradientLearnerConfig(LearnerBase):
+    """`algorithm: rloo | grpo | dr_grpo | reinforce_pp`: group-baseline advantages, clipped surrogate."""
+
     algorithm: Literal["rloo", "grpo", "dr_grpo", "reinforce_pp"]
     policy_gradient: PolicyGradientConfig = PolicyGradientConfig()
 
@@ -185,6 +209,8 @@ class PolicyGradientLearnerConfig(LearnerBase):
 
 
 class BestOfNLearnerConfig(LearnerBase):
+    """`algorithm: best_of_n`: fine-tune on each group's best completion."""
+
     algorithm: Literal["best_of_n"] = "best_of_n"
 
     lookalikes: ClassVar[dict[str, str]] = {

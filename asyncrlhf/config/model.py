@@ -14,14 +14,17 @@ from asyncrlhf.config.base import Section
 class TinyModelConfig(Section):
     """The `tiny` preset: a random Llama-style model and an offline tokenizer, built in code for tests."""
 
-    layers: int = Field(2, ge=1)
-    hidden: int = Field(64, ge=8)
-    heads: int = Field(4, ge=1)
-    intermediate: int = Field(128, ge=8)
-    max_positions: int = Field(512, ge=16)
+    layers: int = Field(2, ge=1, description="Transformer layers.")
+    hidden: int = Field(64, ge=8, description="Hidden size.")
+    heads: int = Field(4, ge=1, description="Attention heads (vLLM's CPU kernels need hidden / heads in "
+                       "their head sizes: 2 for the default hidden).")
+    intermediate: int = Field(128, ge=8, description="MLP intermediate size.")
+    max_positions: int = Field(512, ge=16, description="Longest sequence (prompt + completion).")
 
 
 class ModelConfig(Section):
+    """The policy every service loads (and the reference, and the tokenizer)."""
+
     name_or_path: str = Field(
         "smollm2-135m-instruct",
         description="`tiny`, `smollm2-135m-instruct` (packaged GGUF), a local HF directory, or a .gguf file.",
@@ -49,10 +52,12 @@ class ModelConfig(Section):
 
 
 class SamplingConfig(Section):
+    """`generator.sampling`: how completions are sampled."""
+
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; behaviour log-probs use it too.")
-    top_p: float = Field(1.0, gt=0, le=1.0)
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling; 1.0 disables it.")
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
-    max_new_tokens: int = Field(64, ge=1)
+    max_new_tokens: int = Field(64, ge=1, description="Most tokens sampled per completion.")
 
 
 # LoRA ranks vLLM serves (vllm.config.lora.MaxLoRARanks); another rank is refused when the engine starts.
@@ -72,7 +77,7 @@ class VLLMConfig(Section):
         "there), false on GPU.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Engine dtype. auto: the learner's (`model.dtype`). Another dtype is logged as a "
-        "warning: behaviour log-probs then differ from the learner's (bf16 vs fp32: ~0.4 nats/token).")
+        "warning: behaviour log-probs then differ from the learner's (by how much: docs/benchmarks.md).")
     kv_cache_gib: int = Field(
         1, ge=1, description="CPU: KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE); on CPU vLLM would "
         "take gpu_memory_utilization as a share of host RAM.")
@@ -104,6 +109,8 @@ class VLLMConfig(Section):
 
 
 class GeneratorConfig(Section):
+    """The generator service: backend, replicas, sampling, and its WeightSync and HTTP addresses."""
+
     backend: Literal["hf", "vllm", "auto"] = Field(
         "hf", description="`hf` (transformers, CPU or GPU), `vllm` (GPU, or vLLM's CPU build: `make vllm`), "
         "or `auto`: vLLM on a GPU where it is installed and can serve this run, else `hf` (resolved at load; "
@@ -140,7 +147,7 @@ class GeneratorConfig(Section):
     data_port: int = Field(
         0, ge=0, description="Data channel port (0: pick a free one); open it to the learner and to relaying "
         "generators as WeightSync's.")
-    http_host: str = Field("127.0.0.1")
+    http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (health, metrics, API).")
     http_port: int = Field(0, ge=0, description="Health, metrics and /v1/completions (0: pick a free one).")
     heartbeat_s: float = Field(2.0, gt=0, description="Registry heartbeat period.")
     registry_ttl_s: float = Field(10.0, gt=0, description="A generator silent this long leaves the registry.")

@@ -49,7 +49,9 @@ def _sentiment() -> list[ScorerConfig]:
 
 
 class RewardConfig(Section):
-    replicas: int = Field(1, ge=1)
+    """The reward service: the scorers it sums, penalties, and its replicas."""
+
+    replicas: int = Field(1, ge=1, description="Reward processes `asyncrlhf up` starts.")
     scorers: list[ScorerConfig] = Field(
         default_factory=_sentiment,
         description="Summed with their weights.",
@@ -60,26 +62,29 @@ class RewardConfig(Section):
     max_completion_tokens: int | None = Field(
         None, description="Longer completions get the missing-EOS score."
     )
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, description="Reward model: completions scored per forward pass.")
     max_length: int = Field(512, ge=8, description="Reward model input length; longer inputs are truncated.")
-    device: str = "auto"
+    device: str = Field("auto", description="Reward model device: `auto`, `cpu`, `cuda`, `cuda:1`.")
     retries: int = Field(2, ge=0, description="Retries of a failing scorer call before dead-lettering.")
     timeout_s: float = Field(30.0, gt=0, description="Remote scorer timeout.")
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(0, ge=0)
+    http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (/score, /get_reward).")
+    http_port: int = Field(0, ge=0, description="HTTP port (0: pick a free one).")
     max_request_items: int = Field(1024, ge=1, description="HTTP scoring: most items in one request.")
 
 
 class EvaluatorConfig(Section):
+    """The evaluator: scores each checkpoint's greedy completions on held-out prompts with the gold reward."""
+
     every_n: int = Field(1, ge=1, description="Evaluate every n-th checkpoint event.")
     num_prompts: int = Field(100, ge=1, description="Held-out prompts to evaluate on.")
-    max_new_tokens: int = Field(64, ge=1)
+    max_new_tokens: int = Field(64, ge=1, description="Most tokens generated per held-out prompt.")
     temperature: float = Field(0.0, ge=0, description="0: greedy decoding.")
-    backend: Literal["hf", "vllm"] = "hf"
-    device: str = "auto"
-    threads: int = Field(0, ge=0)
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(0, ge=0)
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation backend of the offline `asyncrlhf generate`.")
+    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`.")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: leave torch's default).")
+    http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (health, metrics).")
+    http_port: int = Field(0, ge=0, description="HTTP port (0: pick a free one).")
     gold: ScorerConfig = Field(
         default_factory=lambda: RuleScorerConfig(name="sentiment"),
         description="The gold reward evaluations score with (not `reward.scorers`, which may be a proxy RM).",

@@ -39,6 +39,8 @@ class GrpcTlsConfig(Section):
 
 
 class RunConfig(Section):
+    """The run: its name and directory, seed, auth token, TLS, trackers."""
+
     name: str = Field("default", description="Run name; Redis keys are `asyncrlhf:<name>:<stream>`.")
     dir: str = Field(
         "runs/{name}", description="Run directory (checkpoints, logs, reports); `{name}` expands."
@@ -113,6 +115,8 @@ class SentinelConfig(Section):
 
 
 class RedisConfig(Section):
+    """The Redis every stream lives in: a URL, sentinels, or (neither) one `asyncrlhf up` embeds."""
+
     url: str | None = Field(
         None,
         description="redis:// or rediss:// URL (password allowed). Unset (and no redis.sentinel): `asyncrlhf "
@@ -168,6 +172,8 @@ class RedisConfig(Section):
 
 
 class TaskConfig(Section):
+    """The prompts: the shipped demo task, your JSONL, or a Hugging Face dataset (docs/bring-your-own.md)."""
+
     name: str = Field("demo", description="A shipped task (`demo`), `jsonl`, or `hf` (HF datasets).")
     train_path: str | None = Field(None, description="JSONL with a `prompt` field (task `jsonl`).")
     eval_path: str | None = Field(None, description="JSONL of held-out prompts (task `jsonl`).")
@@ -201,7 +207,9 @@ class TaskConfig(Section):
 
 
 class MetricsConfig(Section):
-    enabled: bool = True
+    """Prometheus metrics on every service's `/metrics`."""
+
+    enabled: bool = Field(True, description="Serve `/metrics` (health and readiness are always served).")
 
 
 class LaunchConfig(Section):

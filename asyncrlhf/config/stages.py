@@ -19,12 +19,12 @@ class SFTConfig(Section):
         description="JSONL of {prompt, completion} rows or a `datasets` directory; unset: best-of-n samples "
         "of the base model on the task's train prompts, picked by `evaluator.gold`.",
     )
-    prompt_field: str = "prompt"
-    completion_field: str = "completion"
+    prompt_field: str = Field("prompt", description="The prompt field of `data`.")
+    completion_field: str = Field("completion", description="The completion field of `data`.")
     best_of_n: int = Field(4, ge=1, description="Samples per prompt when building data by best-of-n.")
     num_prompts: int = Field(64, ge=0, description="Train prompts to sample for best-of-n (0: all).")
-    epochs: int = Field(1, ge=1)
-    lr: float = Field(1e-5, gt=0)
+    epochs: int = Field(1, ge=1, description="Passes over the data.")
+    lr: float = Field(1e-5, gt=0, description="Learning rate (AdamW).")
     batch_size: int = Field(8, ge=1, description="Examples per optimizer step.")
     micro_batch_size: int = Field(4, ge=1, description="Examples per forward pass.")
     max_length: int = Field(256, ge=8, description="Prompt + completion tokens; longer completions are cut.")
@@ -54,8 +54,8 @@ class RewardModelTrainingConfig(Section):
         None, description="JSONL of {prompt, chosen, rejected}; unset: `relabel.output`."
     )
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Pairs held out to measure accuracy.")
-    epochs: int = Field(1, ge=1)
-    lr: float = Field(1e-5, gt=0)
+    epochs: int = Field(1, ge=1, description="Passes over the pairs.")
+    lr: float = Field(1e-5, gt=0, description="Learning rate (AdamW).")
     batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
     micro_batch_size: int = Field(4, ge=1, description="Pairs per forward pass.")
     max_length: int = Field(256, ge=8, description="Tokens of prompt + completion (the last ones are kept).")

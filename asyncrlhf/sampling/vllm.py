@@ -12,9 +12,9 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   same samples again from the same weights.
 - Scoring (`score_tokens`): the sequences go in as token-id prompts with `prompt_logprobs=top_n` (and the
   current adapter in a LoRA run, one sequence per engine call there). vLLM's prompt log-probs skip the
-  sampling processors, so they are log softmax(logits) whatever the request's temperature (measured: a
-  temperature of 0.5 moves them by nothing; log softmax(logits / 0.5) differs by 0.4 nats): the model's own
-  distribution, the definition of `Backend.score_tokens` on both backends.
+  sampling processors, so they are log softmax(logits) whatever the request's temperature (the figure:
+  docs/benchmarks.md, `bench generator`): the model's own distribution, the definition of
+  `Backend.score_tokens` on both backends.
 - Full-weight pushes: every worker loads the tensors through vLLM's own in-place `reload_weights`
   (`vllm_engine.WeightLoaderExtension`): handed over as they are to an engine in this process (the default
   on CPU), else through a safetensors file in the backend's work directory; then the prefix cache is reset,

@@ -1,4 +1,5 @@
-"""Redis Streams transport: typed producers and consumer groups for the streams of DESIGN.md "Data flow".
+"""Redis Streams transport: typed producers and consumer groups for the streams of docs/design.md ("Data
+flow").
 
     learner --PromptGroup--> prompts --> generators --RolloutGroup--> rollouts
             --> reward --RolloutGroup (scored)--> scored --> learner

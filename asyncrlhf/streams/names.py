@@ -1,5 +1,6 @@
-"""Every Redis name of a run, defined once: the key layout `asyncrlhf:<run>:<name>` (DESIGN.md "Keys"), the
-streams and what they carry, the consumer group of each hop, and the records kept beside the streams.
+"""Every Redis name of a run, defined once: the key layout `asyncrlhf:<run>:<name>` (docs/design.md,
+"Contracts"), the streams and what they carry, the consumer group of each hop, and the records kept beside
+the streams.
 
 Services, the launcher, the audit and the benchmarks use these names; none spells a key or a group itself.
 """

@@ -1,4 +1,4 @@
-"""The learner service: one step in DESIGN order, with its collaborators.
+"""The learner service: one step in the order of docs/design.md, "Data flow", with its collaborators.
 
     collect (inbox: read scored groups, de-dup, validate, judge staleness) -> broadcast to the ranks
     -> train -> log their ids (fsync) and ack -> version += 1 -> push weights to every live generator

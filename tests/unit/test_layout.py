@@ -1,5 +1,5 @@
-"""The layout of DESIGN.md, checked from the code's own imports and definitions: the library never imports a
-service, no service imports another, and files and classes stay short enough to read."""
+"""The layout of docs/design.md, checked from the code's own imports and definitions: the library never
+imports a service, no service imports another, and files and classes stay short enough to read."""
 
 import ast
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""docs/deploy.md's openssl commands, run as written, make certificates that carry a real mutual-TLS weight
+"""docs/tls.md's openssl commands, run as written, make certificates that carry a real mutual-TLS weight
 push under the `run.grpc_tls` settings of both deployments: deploy/compose/container-tls.yaml and the
 overrides of deploy/k8s/components/tls (the mount directory replaced by where the commands ran)."""
 
@@ -20,10 +20,10 @@ MOUNT = "/etc/asyncrlhf-tls"
 
 
 def documented_commands() -> str:
-    """The bash block that follows the `grpc-tls-certs` marker in docs/deploy.md."""
-    text = (ROOT / "docs" / "deploy.md").read_text()
+    """The bash block that follows the `grpc-tls-certs` marker in docs/tls.md."""
+    text = (ROOT / "docs" / "tls.md").read_text()
     found = re.search(r"<!-- grpc-tls-certs.*?-->\n```bash\n(.*?)```", text, re.S)
-    assert found, "docs/deploy.md lost its grpc-tls-certs block"
+    assert found, "docs/tls.md lost its grpc-tls-certs block"
     return found.group(1)
 
 

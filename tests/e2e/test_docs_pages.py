@@ -1,0 +1,27 @@
+"""The pages a newcomer follows, run as written (tools/doc_blocks.py): every shell and Python block in order,
+every file they save, every config fragment loaded against the config tree, on the tiny CPU-scale configs.
+A block that needs a GPU, a network or minutes says so on the page (`<!-- docs-test: skip (why) -->`)."""
+
+from pathlib import Path
+
+import pytest
+
+from tools.doc_blocks import parse, run_page
+
+pytestmark = pytest.mark.e2e
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+PAGES = ["quickstart.md", "bring-your-own.md", "recipes/tldr.md", "recipes/alpacafarm.md", "recipes/gsm8k.md"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_block_of_the_page_runs_as_written(tmp_path, page):
+    failed = run_page(DOCS / page, tmp_path)
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_page_runs_more_than_it_skips(page):
+    blocks = parse((DOCS / page).read_text())
+    ran = [b for b in blocks if b.action == "run"]
+    assert ran, f"{page}: no block runs"
+    assert all(b.skip.strip() for b in blocks if b.skip), f"{page}: a skip without its reason"
