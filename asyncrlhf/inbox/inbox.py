@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import replace
 
 from asyncrlhf.config import Config
@@ -73,6 +73,7 @@ class Inbox:
                                    else Windowed(lc, HeldGroups(self.consumer, cfg.redis.claim_idle_ms)))
         self.rules = Rules(cfg.generator.samples_per_prompt, lc.max_staleness, lc.stale_policy)
         self._unreleased: list[str] = []  # trained, credits freed by `release` after the push
+        self._awaiting: tuple[int, Callable[[], bool]] | None = None  # a push in flight (`release_when`)
 
     @property
     def known_cursor(self) -> int:
@@ -96,7 +97,7 @@ class Inbox:
     def exhausted(self) -> bool:
         return self.feed.exhausted
 
-    # -- a step: collect, (train), trained, settle, (push), release ------------------------------------------
+    # -- a step: collect, (train), trained, settle, (push), release (or release_when it is pushed) -----------
 
     def collect(self, version: int, stop: threading.Event, while_waiting: WhileWaiting) -> StepBatch | None:
         """A step's worth of admitted groups, ticking (and calling `while_waiting`: late generators) between
@@ -128,12 +129,30 @@ class Inbox:
         self._fill(version)
         self.replica_wait(f"step to version {version}")
 
+    def release_when(self, version: int, pushed: Callable[[], bool]) -> None:
+        """The push of `version` runs in the background: `release` it once `pushed()` (checked at every tick,
+        and by `release_pushed`). Until then nothing is enqueued, so every prompt is still enqueued while the
+        generators hold the learner's current version, as after a synchronous push: the bound holds."""
+        self._awaiting = (version, pushed)
+
+    def release_pushed(self) -> bool:
+        """Release the step whose background push completed; whether no push is awaited any more."""
+        if self._awaiting is None:
+            return True
+        version, pushed = self._awaiting
+        if not pushed():
+            return False
+        self._awaiting = None
+        self.release(version)
+        return True
+
     # -- what a strategy uses ------------------------------------------------------------------------------
 
     def tick(self, version: int, while_waiting: WhileWaiting) -> None:
         """Housekeeping between reads: repair a Redis restart or failover (the groups admitted and not yet
-        trained count as present), enqueue what credits allow, call `while_waiting`, reap dead letters and
-        observe the queues."""
+        trained count as present), release a step whose push completed, enqueue what credits allow, call
+        `while_waiting`, reap dead letters and observe the queues."""
+        self.release_pushed()
         if self.watch.restarted():
             self.recovery.run(self.feed.known_cursor, version, self.strategy.holding(),
                               frozenset(self._unreleased))
@@ -204,8 +223,11 @@ class Inbox:
     # -- housekeeping --------------------------------------------------------------------------------------
 
     def _fill(self, version: int) -> int:
-        """Enqueue what credits allow while the strategy enqueues at `version`; how many groups."""
-        return self.feed.fill(version) if self.strategy.enqueues(version) else 0
+        """Enqueue what credits allow while the strategy enqueues at `version` and no push is awaited; how
+        many groups."""
+        if self._awaiting is not None or not self.strategy.enqueues(version):
+            return 0
+        return self.feed.fill(version)
 
     def _reap_dead_letters(self, version: int) -> None:
         """Dead-lettered groups of this run will never arrive: they end, freeing their credits."""
