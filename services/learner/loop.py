@@ -144,12 +144,14 @@ class Learner:
         self._waited["data"] += time.perf_counter() - waited
         return batch
 
-    def _await_push(self) -> None:
+    def _await_push(self) -> float:
         """Wait for the background push in flight and release its step's credits (before the next step's
-        are held: one step's credits await a push at a time)."""
-        self._waited_on_push(self.weights.wait())
+        are held: one step's credits await a push at a time); the seconds waited."""
+        waited = self.weights.wait()
+        self._waited_on_push(waited)
         released = self.inbox.release_pushed()
         assert released, "no push is in flight after waiting for it"
+        return waited
 
     def _waited_on_push(self, seconds: float) -> None:
         self._waited["push"] += seconds
@@ -167,9 +169,9 @@ class Learner:
             self._maybe_checkpoint()
             return
         assert batch is not None, "rank 0 trains only a batch it collected"
-        self._await_push()
+        waited = self._await_push()
         self.inbox.trained(batch, self.state.version)
-        step_s = time.perf_counter() - started
+        step_s = time.perf_counter() - started - waited  # the step's own time, as its histogram says
         self.metrics.step_time.observe(step_s)
         self.metrics.record_step(stats, groups, self.state.version)
         lr = self.trainer.policy.get_lr()[0] if hasattr(self.trainer.policy, "get_lr") else None

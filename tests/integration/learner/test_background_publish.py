@@ -1,7 +1,7 @@
-"""Background publish and per-token staleness against real Redis and real gRPC: the learner pushes each version
-on a thread while it collects and trains the next step, and frees the next window's credits only when that
-push completes, so with `max_staleness: 1` no trained token (each judged by its own sampling version) is more
-than one version old, by construction: nothing is dropped as stale."""
+"""Background publish and per-token staleness against real Redis and real gRPC: the learner pushes each
+version on a thread while it collects and trains the next step, and frees the next window's credits only when
+that push completes, so with `max_staleness: 1` no trained token (each judged by its own sampling version) is
+more than one version old, by construction: nothing is dropped as stale."""
 
 import pytest
 
