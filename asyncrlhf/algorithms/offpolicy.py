@@ -97,13 +97,17 @@ _BEYOND_BOUND: dict[str, StaleAction] = {
 class StalenessDecision:
     """How old one group is and what training does with it.
 
-    staleness: learner version - the version that generated the group (0: on-policy).
+    staleness: learner version - the version that generated the group (its oldest token; 0: on-policy).
     action: "fresh" (within the bound: trained as is), or, beyond it, "keep" (trained as is), "correct"
         (trained with importance weights from its behaviour log-probs) or "drop" (not trained).
+    fresh_from: for a group whose tokens span versions (continuous mode) and reach back beyond the bound,
+        the oldest version whose tokens are within it: tokens of that version or newer are fresh, older ones
+        get `action`, as a whole group of their own staleness would. None: `action` holds for every token.
     """
 
     staleness: int
     action: StaleAction
+    fresh_from: int | None = None
 
     @property
     def trained(self) -> bool:
@@ -113,23 +117,34 @@ class StalenessDecision:
     def corrected(self) -> bool:
         return self.action == "correct"
 
+    def corrects(self, token_version: int) -> bool:
+        """Whether a token sampled by `token_version` is importance-corrected."""
+        return self.corrected and (self.fresh_from is None or token_version < self.fresh_from)
+
 
 def staleness_decision(
-    generated_by: int, current: int, max_staleness: int, policy: StalePolicy
+    generated_by: int, current: int, max_staleness: int, policy: StalePolicy, newest: int | None = None
 ) -> StalenessDecision:
-    """The one place a group's staleness is measured and judged.
+    """The one place a group's staleness is measured and judged, on its oldest token; and per token.
 
     Args:
-        generated_by: the policy version that sampled the group. current: the learner's version.
+        generated_by: the policy version that sampled the group (its oldest token). current: the learner's
+            version.
         max_staleness: how many versions old a group may be and still count as fresh; 0 is on-policy.
         policy: what happens beyond the bound: "drop", "keep", or importance-correct ("tis", "decoupled").
+        newest: the newest version that sampled a token of the group, when its tokens span versions
+            (continuous mode); its tokens within the bound are then fresh (`StalenessDecision.fresh_from`).
     """
     if max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     staleness = current - generated_by
     if staleness <= max_staleness:
         return StalenessDecision(staleness, "fresh")
-    return StalenessDecision(staleness, lookup(_BEYOND_BOUND, policy, "stale_policy"))
+    action = lookup(_BEYOND_BOUND, policy, "stale_policy")
+    fresh_from = current - max_staleness
+    if action == "drop" or newest is None or newest < fresh_from:  # one judgement for every token
+        return StalenessDecision(staleness, action)
+    return StalenessDecision(staleness, action, fresh_from)
 
 
 StalenessMode = Literal["bound", "exact", "paper"]

@@ -130,6 +130,12 @@ class LearnerBase(Section):
     lora: LoraConfig = LoraConfig()
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     sync_every: int = Field(1, ge=1, description="Push weights to generators every this many steps.")
+    background_publish: bool = Field(
+        True, description="Push each version on a thread of its own while the next step collects and trains "
+        "(one push in flight; the next window's credits are freed when it completes, so max_staleness still "
+        "holds). false: each step waits for every generator's reply. staleness_mode exact and paper always "
+        "publish synchronously (their windows close at a push)."
+    )
     push_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Dtype of pushed weights.")
     push_chunk_bytes: int = Field(4 << 20, ge=1024, description="Bytes per WeightSync chunk.")

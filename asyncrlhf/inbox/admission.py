@@ -2,12 +2,15 @@
 
 A group is admitted once. In order: a group that already ended for this lineage's model (trained before a
 crash and redelivered) is a duplicate, acked and never trained twice; a group the learner cannot train on is
-dead-lettered; then its staleness is judged. Under `learner.staleness_mode: bound` the judgement is
-`asyncrlhf.algorithms.staleness_decision` (trained as is, corrected, or dropped beyond `max_staleness`),
+dead-lettered (among the reasons: per-token versions that do not fit its tokens, decrease, or are newer than
+the learner's); then its staleness is judged, on its oldest token (`asyncrlhf.token_versions`). Under
+`learner.staleness_mode: bound` the judgement is `asyncrlhf.algorithms.staleness_decision` (trained as is,
+corrected, or dropped beyond `max_staleness`; a group whose tokens span versions is corrected per token),
 with staleness measured by `PolicyVersion.staleness_from` (versions of another lineage do not compare: such a
-group counts as beyond the bound). Under a controlled mode (`exact`, `paper`) a group of the open window's
-version is held until its step, any other is dropped as off-schedule. A group whose earlier training was
-lost with a learner is never dropped: it is enqueued again, sampled afresh from the current weights.
+group counts as beyond the bound). Under a controlled mode (`exact`, `paper`) a group all of whose tokens
+are of the open window's version is held until its step, any other is dropped as off-schedule. A group whose
+earlier training was lost with a learner is never dropped: it is enqueued again, sampled afresh from the
+current weights.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from enum import StrEnum
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.algorithms import StalenessDecision, staleness_decision
 from asyncrlhf.algorithms.offpolicy import StalePolicy
+from asyncrlhf.token_versions import token_versions_problem, version_span
 from asyncrlhf.training.batch import validate_group
 from asyncrlhf.version import PolicyVersion
 
@@ -70,7 +74,7 @@ def admit(group_id: str, group: RolloutGroup, current: PolicyVersion, rules: Rul
         return Verdict(Action.DUPLICATE)
     if group_id in known.held:  # re-claimed: the same entry, admitted before
         return Verdict(Action.HOLD)
-    problem = validate_group(group, rules.samples_per_prompt)
+    problem = validate_group(group, rules.samples_per_prompt) or token_versions_problem(group, current)
     if problem:
         return Verdict(Action.INVALID, reason=f"learner cannot train on it: {problem}")
     verdict = _judge(group, current, rules)
@@ -81,16 +85,17 @@ def admit(group_id: str, group: RolloutGroup, current: PolicyVersion, rules: Rul
 
 
 def _judge(group: RolloutGroup, current: PolicyVersion, rules: Rules) -> Verdict:
-    staleness = current.step - group.policy_version
-    if rules.window is not None:
-        if group.policy_version == rules.window:
+    oldest, newest = version_span(group)
+    staleness = current.step - oldest
+    if rules.window is not None:  # no group is generated across a push: every token of the window's version
+        if oldest == newest == rules.window:
             return Verdict(Action.HOLD, staleness=staleness)
         return Verdict(Action.DROP, staleness=staleness, reason=OFF_SCHEDULE)
-    measured = PolicyVersion(group.lineage, group.policy_version).staleness_from(current)
+    measured = PolicyVersion(group.lineage, oldest).staleness_from(current)
     old_lineage = measured is None
-    if measured is None:  # versions of another lineage do not compare: beyond the bound
+    if measured is None:  # versions of another lineage do not compare: beyond the bound, every token
         measured = max(rules.max_staleness + 1, staleness)
     decision = staleness_decision(current.step - measured, current.step, rules.max_staleness,
-                                  rules.stale_policy)
+                                  rules.stale_policy, None if old_lineage or oldest == newest else newest)
     action = Action.TRAIN if decision.trained else Action.DROP
     return Verdict(action, decision, decision.staleness, old_lineage=old_lineage)

@@ -1,7 +1,9 @@
 """Scored `RolloutGroup`s -> padded tensors the objectives train on.
 
 A group reaches training as a `TrainGroup`: the scored message and the staleness decision that admitted it
-(`asyncrlhf.algorithms.staleness_decision`), so whether its rows are importance-corrected travels with it.
+(`asyncrlhf.algorithms.staleness_decision`), so whether its tokens are importance-corrected travels with it:
+every token of a corrected group in batch mode; in continuous mode, where a sample's tokens span versions
+(`Sample.token_versions`), only the tokens beyond the bound (`StalenessDecision.corrects`).
 
 Layout: prompts left-padded to a common width P, completions right after and right-padded to width T:
 `input_ids` (B, P + T). Every completion starts at column P, so per-token tensors are (B, T) on the
@@ -19,6 +21,7 @@ import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, RolloutGroup
 from asyncrlhf.algorithms import StalenessDecision
+from asyncrlhf.token_versions import oldest_version, sample_versions
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,20 @@ class TrainGroup:
 
     message: RolloutGroup
     decision: StalenessDecision = StalenessDecision(0, "fresh")
+
+    def token_versions(self) -> list[list[int]]:
+        """Per sample, the version that sampled each completion token."""
+        return [sample_versions(s, self.message.policy_version) for s in self.message.samples]
+
+    def token_staleness(self) -> list[list[int]]:
+        """Per sample, each completion token's staleness: the group's (its oldest token's) less how many
+        versions newer the token is (never below 0: another lineage's versions do not compare)."""
+        oldest, age = oldest_version(self.message), self.decision.staleness
+        return [[max(0, age - (v - oldest)) for v in versions] for versions in self.token_versions()]
+
+    def corrected_tokens(self) -> list[list[bool]]:
+        """Per sample, whether each completion token is importance-corrected."""
+        return [[self.decision.corrects(v) for v in versions] for versions in self.token_versions()]
 
 
 def validate_group(group: RolloutGroup, k: int) -> str | None:
@@ -54,7 +71,9 @@ class SequenceBatch:
     group: torch.Tensor  # (B,) long, index of the sequence's group in the step
     sample: torch.Tensor  # (B,) long, index of the sample within its group
     eos: torch.Tensor  # (B,) bool, finished with EOS
-    corrected: torch.Tensor  # (B,) bool, the group's staleness decision is "correct"
+    corrected: torch.Tensor  # (B,) bool, the group's staleness decision is "correct" (which tokens: below)
+    corrected_tokens: torch.Tensor  # (B, T) bool, the token is importance-corrected; False on padding
+    token_staleness: torch.Tensor  # (B, T) long, versions between the token's sampler and the learner; 0 pad
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by objectives
 
     def __len__(self) -> int:
@@ -104,6 +123,7 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         for gi, g in enumerate(groups)
         for si, s in enumerate(g.message.samples)
     ]
+    per_token = [pair for g in groups for pair in zip(g.corrected_tokens(), g.token_staleness(), strict=True)]
     width_p = max(len(p) for p, *_ in rows)
     width_t = max(1, max(len(s.completion_token_ids) for _, s, *_ in rows))
     b = len(rows)
@@ -111,13 +131,17 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
     attention = torch.zeros((b, width_p + width_t), dtype=torch.long)
     mask = torch.zeros((b, width_t))
     behaviour = torch.zeros((b, width_t))
-    for i, (prompt, sample, *_rest) in enumerate(rows):
+    corrected_tokens = torch.zeros((b, width_t), dtype=torch.bool)
+    token_staleness = torch.zeros((b, width_t), dtype=torch.long)
+    for i, ((prompt, sample, *_rest), (corrected, staleness)) in enumerate(zip(rows, per_token, strict=True)):
         completion = list(sample.completion_token_ids)
         n_p, n_c = len(prompt), len(completion)
         input_ids[i, width_p - n_p : width_p + n_c] = torch.tensor(prompt + completion, dtype=torch.long)
         attention[i, width_p - n_p : width_p + n_c] = 1
         mask[i, :n_c] = 1.0
         behaviour[i, :n_c] = torch.tensor(list(sample.logprobs), dtype=torch.float)
+        corrected_tokens[i, :n_c] = torch.tensor(corrected, dtype=torch.bool)
+        token_staleness[i, :n_c] = torch.tensor(staleness, dtype=torch.long)
     return SequenceBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -129,4 +153,6 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         sample=torch.tensor([si for _, _, _, si, *_ in rows], dtype=torch.long),
         eos=torch.tensor([s.finish_reason == FINISH_REASON_STOP for _, s, *_ in rows], dtype=torch.bool),
         corrected=torch.tensor([c for *_, c in rows], dtype=torch.bool),
+        corrected_tokens=corrected_tokens,
+        token_staleness=token_staleness,
     )

@@ -6,10 +6,12 @@ An objective turns a step's `SequenceBatch` into training items and a loss:
 - `loss(micro, logps, values, totals)`: the micro-batch's share of the step loss, normalised by the whole
   (mini-)batch's totals, so micro-batches sum to the full-batch loss whatever their sizes.
 
-Rows whose staleness decision is "correct" (`batch.corrected`, set by `learner.stale_policy` tis or
-decoupled) get importance weights from the behaviour log-probs, as the objective's `Correction` says:
-truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL); every other row gets weight exactly
-1, so with no corrected rows every objective is its on-policy self.
+Tokens whose staleness decision is "correct" (`batch.corrected_tokens`, set by `learner.stale_policy` tis or
+decoupled: every token of a corrected group in batch mode, only those beyond the bound when a sample's tokens
+span versions) get importance weights from the behaviour log-probs, as the objective's `Correction` says:
+truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL); every other token's behaviour
+log-prob is replaced by the proximal one, so its ratio is exactly 1 and with no corrected tokens every
+objective is its on-policy self. A sequence-level weight (online DPO's pairs) is the product of its tokens'.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ class Objective(Protocol):
 
 
 def _behaviour_for_correction(rows: SequenceBatch) -> torch.Tensor:
-    """Behaviour log-probs on corrected rows; the proximal (old) ones elsewhere, so their weight is 1."""
-    return torch.where(rows.corrected.unsqueeze(1), rows.behaviour_logps, rows.extras["old_logps"])
+    """(B, T) behaviour log-probs on corrected tokens, the proximal (old) ones elsewhere (ratio 1)."""
+    return torch.where(rows.corrected_tokens, rows.behaviour_logps, rows.extras["old_logps"])
 
 
 class _KLMixin:
@@ -144,14 +146,15 @@ class OnlineDPO:
         return LossOut(loss, None, stats)
 
     def _pair_weights(self, micro: SequenceBatch) -> torch.Tensor:
-        """Sequence-level truncated IS weight of each pair; 1 for fresh pairs."""
+        """Sequence-level truncated IS weight of each pair (the ratio over its corrected tokens); 1 for fresh
+        pairs."""
         if not micro.corrected.any():
             return torch.ones(len(micro) // 2)
         old = A.sequence_logprobs(micro.extras["old_logps"], micro.mask)
-        behaviour = A.sequence_logprobs(micro.behaviour_logps, micro.mask)
+        behaviour = A.sequence_logprobs(_behaviour_for_correction(micro), micro.mask)
         pair_old, pair_behaviour = old[0::2] + old[1::2], behaviour[0::2] + behaviour[1::2]
         weights = A.importance_weights(pair_old, pair_behaviour, "tis", self.correction.cap)
-        return torch.where(micro.corrected[0::2], weights, torch.ones_like(weights))
+        return torch.where(micro.corrected[0::2] | micro.corrected[1::2], weights, torch.ones_like(weights))
 
 
 class BestOfN:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf import metrics as names
@@ -9,6 +11,7 @@ from asyncrlhf.stalls import Hop, WaitState
 from asyncrlhf.training.batch import TrainGroup
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+WAIT_WINDOW_STEPS = 10  # the waiting fraction is over this many last steps
 
 
 def skip_reason(stats: dict[str, float]) -> str:
@@ -48,8 +51,19 @@ class LearnerMetrics:
                                    buckets=STALENESS_BUCKETS, registry=r)
         self.stale = Counter(names.LEARNER_STALE_GROUPS_TOTAL, "Groups beyond max_staleness, by action.",
                              ["action"], registry=r)
+        self.token_staleness = Histogram(names.LEARNER_TOKEN_STALENESS_VERSIONS,
+                                         "Staleness of trained completion tokens, in versions (each token's "
+                                         "own sampling version; continuous generation spans several).",
+                                         buckets=STALENESS_BUCKETS, registry=r)
         self.wait = Counter(names.LEARNER_WAIT_SECONDS_TOTAL, "Time spent waiting for scored groups.",
                             registry=r)
+        self.push_wait = Counter(names.LEARNER_PUSH_WAIT_SECONDS_TOTAL,
+                                 "Time the learner's step waited on a weight push (a synchronous publish, or "
+                                 "the background push of the last version still in flight).", registry=r)
+        self.waiting_fraction = Gauge(names.LEARNER_WAITING_FRACTION,
+                                      "Share of wall time waiting, on data or on a push, over the last "
+                                      f"{WAIT_WINDOW_STEPS} steps.", ["on"], registry=r)
+        self._waits: deque[tuple[float, float, float]] = deque(maxlen=WAIT_WINDOW_STEPS)
         self.step_time = Histogram(names.LEARNER_STEP_SECONDS, "Time of one training step (no waiting).",
                                    registry=r)
         self.push_time = Gauge(names.LEARNER_PUSH_SECONDS, "Duration of the last weight push, per target.",
@@ -108,5 +122,16 @@ class LearnerMetrics:
         for key, value in stats.items():
             self.stat.labels(key).set(value)
         for g in groups:
-            for _ in g.message.samples:
+            for tokens in g.token_staleness():
                 self.staleness.observe(g.decision.staleness)
+                for staleness in tokens:
+                    self.token_staleness.observe(staleness)
+
+    def record_waits(self, wall_s: float, data_s: float, push_s: float) -> None:
+        """One step's wall time (from the last step's end) and the seconds it waited on data and on a push:
+        the waiting fractions over the last steps."""
+        self._waits.append((wall_s, data_s, push_s))
+        wall = sum(w for w, _, _ in self._waits)
+        if wall > 0:
+            self.waiting_fraction.labels("data").set(sum(d for _, d, _ in self._waits) / wall)
+            self.waiting_fraction.labels("push").set(sum(p for _, _, p in self._waits) / wall)

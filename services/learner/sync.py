@@ -1,9 +1,17 @@
 """The learner's side of WeightSync: after a step, snapshot the weights generators need (every rank joins the
 gather under ZeRO-3) and push them to every live generator; between steps, bring a generator that joined
-late (or restarted) to the current version at once. Push outcomes become metrics and warnings. With
-`learner.relay_fanout` the publisher pushes through the relay tree (`relay.TreePush`): to a few generators
-that relay the version to the others, every target reported only once it serves the version (or its push
-failed): docs/weights.md.
+late (or restarted) to the current version at once.
+
+With `background=True` rank 0 pushes on a thread of its own while the learner collects and trains the next
+step. Only the push moves: the snapshot (under ZeRO-3 a sequence of collective gathers) stays on the calling
+thread, so every rank runs its collectives in the same order as a synchronous publish, and the pushed tensors
+are CPU copies that the next step cannot touch. One push is in flight at a time: a newer version waits for it
+(`wait`) rather than replacing it, so every version reaches the generators, and the credits of the step it
+follows are freed in order (the caller frees them when `pushed()`).
+
+Push outcomes become metrics and warnings. With `learner.relay_fanout` the publisher pushes through the
+relay tree (`relay.TreePush`): to a few generators that relay the version to the others, every target
+reported only once it serves the version (or its push failed): docs/weights.md.
 
 A push a generator refuses for a permanent reason (the learner's tensors do not fit its model: shape, dtype,
 names; or a wrong token) fails the learner at once with that reason: retrying cannot help. Transient failures
@@ -13,7 +21,9 @@ fails `learner.push_max_failures` pushes in a row fails the learner too."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -51,27 +61,71 @@ class WeightPublisher:
         self._last_sync = 0.0
         self._failures: dict[str, int] = {}  # generator id -> failed pushes in a row
         self._failing_since: dict[str, float] = {}  # generator id -> time.monotonic() of the first of them
+        self._in_flight: threading.Thread | None = None  # the background push
+        self._failure: BaseException | None = None  # how the background push ended, if it raised
 
-    def publish(self, version: int) -> None:
-        """Snapshot the weights of `version` (all ranks) and push them to every live generator (rank 0)."""
+    def publish(self, version: int, background: bool = False) -> float:
+        """Snapshot the weights of `version` (all ranks) and push them to every live generator (rank 0): here,
+        or on a thread of its own when `background`. Returns the seconds the caller waited on pushes (the
+        previous one still in flight; all of this one unless `background`)."""
+        waited = self.wait()
         lc = self.cfg.learner
         started = time.perf_counter()
         self._weights = engine.full_state_dict(self.policy.module, lc.deepspeed.zero_stage, lc.lora.enabled)
         self.version = version
         if self.rank != 0:
-            return
-        if self._push([PushTarget(m.id, m.address) for m in self._live()]):
+            return waited
+        if background:
+            self._in_flight = threading.Thread(target=self._push_in_background, args=(started,),
+                                               name=f"publish-{version}", daemon=True)
+            self._in_flight.start()
+            return waited
+        pushing = time.perf_counter()
+        self._push_live(started)
+        return waited + time.perf_counter() - pushing
+
+    def pushed(self) -> bool:
+        """Whether no push is in flight. A background push that failed raises its failure here (`PushFailed`),
+        on the caller's thread."""
+        if self._in_flight is not None and self._in_flight.is_alive():
+            return False
+        self._in_flight = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        return True
+
+    def wait(self) -> float:
+        """Wait for the push in flight, if any; the seconds waited. Raises its failure."""
+        started = time.perf_counter()
+        if self._in_flight is not None:
+            with self.metrics.waiting.waiting(Wait.PUSH, f"the background push of version {self.version}"):
+                self._in_flight.join()
+        self.pushed()
+        return time.perf_counter() - started
+
+    def _push_live(self, started: float, waited_on: bool = True) -> None:
+        """Push the snapshot to every live generator; `started`: when the version was ready to publish;
+        `waited_on`: the learner waits for it (not a background push: the learner works meanwhile)."""
+        if self._push([PushTarget(m.id, m.address) for m in self._live()], waited_on):
             self.metrics.step_to_serve.set(time.perf_counter() - started)
         self.metrics.publish_time.observe(time.perf_counter() - started)
+
+    def _push_in_background(self, started: float) -> None:
+        try:
+            self._push_live(started, waited_on=False)
+        except BaseException as err:  # handed to the learner's thread by `pushed`
+            self._failure = err
 
     @property
     def current(self) -> PolicyVersion:
         return PolicyVersion(self.lineage, self.version)
 
     def sync_late_generators(self) -> None:
-        """Push the current version to live generators behind it, retrying a failed one after two beats."""
+        """Push the current version to live generators behind it, retrying a failed one after two beats (not
+        while a background push is in flight: it reaches every live generator)."""
         now = time.monotonic()
-        if now - self._last_sync < LATE_SYNC_PERIOD_S:
+        if now - self._last_sync < LATE_SYNC_PERIOD_S or not self.pushed():
             return
         self._last_sync = now
         retry_after = 2 * self.cfg.generator.heartbeat_s
@@ -85,6 +139,8 @@ class WeightPublisher:
             self._push(behind)
 
     def close(self) -> None:
+        if self._in_flight is not None:  # its failure, if any, was the learner's to raise (`wait`)
+            self._in_flight.join()
         if self.pusher is not None:
             self.pusher.close()
 
@@ -92,14 +148,17 @@ class WeightPublisher:
         """The live generators; only rank 0 holds the registry."""
         return self.registry.live() if self.registry is not None else []
 
-    def _push(self, targets: list[PushTarget]) -> bool:
-        """Push the current version to `targets`; whether every one of them serves it now."""
+    def _push(self, targets: list[PushTarget], waited_on: bool = True) -> bool:
+        """Push the current version to `targets`; whether every one of them serves it now. `waited_on`: the
+        learner's thread waits for it, so its wait state says so."""
         if not targets or self._weights is None or self.pusher is None:  # only rank 0 pushes
             return False
         served = True
         push = self.pusher.prepare(self._weights, self.current)
         fanout = self.cfg.learner.relay_fanout  # the tree, else directly to each
-        with self.metrics.waiting.waiting(Wait.PUSH, ", ".join(t.id for t in targets)):
+        marked = self.metrics.waiting.waiting(Wait.PUSH, ", ".join(t.id for t in targets)) if waited_on \
+            else nullcontext()
+        with marked:
             outcomes = TreePush(self.pusher, push, fanout).run(targets) if fanout else \
                 self.pusher.send(push, targets)
         for outcome in outcomes:

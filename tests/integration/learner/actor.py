@@ -1,7 +1,10 @@
 """A stand-in for generator + reward in learner tests: a real WeightSync receiver (the learner pushes to it
 over gRPC and it heart-beats in the registry), and a thread that turns each prompt into a scored group
 tagged with the version it holds. Completions are a deterministic function of the group id, so the same
-groups can be rebuilt to feed the synchronous path."""
+groups can be rebuilt to feed the synchronous path. With `spanning=True` it stands in for continuous
+generation: a group is finished once a push has landed since it was read (or after `HOLD_S`, when the learner
+needs it before it can push again), its first tokens tagged with the version held when it was read and the
+rest with the version held when it ends, so its samples span versions (`Sample.token_versions`)."""
 
 from __future__ import annotations
 
@@ -16,8 +19,20 @@ from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, Rollou
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_policy
 from asyncrlhf.registry import Heartbeat, Registry
-from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, SCORED, RunStreams
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, SCORED, Delivery, RunStreams
 from asyncrlhf.weights import ModuleTarget, WeightReceiver, serve
+
+HOLD_S = 0.5  # spanning: the longest a group waits for a push before it ends under the version it started
+
+
+def spanning_group(prompt: PromptGroup, started: int, ended: int) -> RolloutGroup:
+    """The scored group as continuous generation leaves it: each sample's first half of tokens sampled by
+    `started`, the rest by `ended`; the group's policy_version is the oldest, `started`."""
+    group = scored_group(prompt, started)
+    for sample in group.samples:
+        n = len(sample.completion_token_ids)
+        sample.token_versions.extend([started] * (n // 2) + [ended] * (n - n // 2))
+    return group
 
 
 def scored_group(prompt: PromptGroup, version: int) -> RolloutGroup:
@@ -36,7 +51,7 @@ def scored_group(prompt: PromptGroup, version: int) -> RolloutGroup:
 
 class Actor:
     def __init__(self, cfg: Config, redis_url: str, *, version_offset=lambda group_id: 0,
-                 answers=lambda version: True):
+                 answers=lambda version: True, spanning: bool = False):
         self.cfg = cfg
         self.client = redis.Redis.from_url(redis_url)
         self.streams = RunStreams(self.client, cfg.run.name, cfg.redis)
@@ -50,6 +65,9 @@ class Actor:
         self.answers = answers  # whether it answers prompts now, holding weights of `version`
         self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
         self.generated_by: dict[str, int] = {}  # the version each group was tagged with, by id
+        self.spanning = spanning
+        self.token_versions: dict[str, list[list[int]]] = {}  # spanning: each sample's token versions, by id
+        self._started: list[tuple[Delivery, int, float]] = []  # spanning: groups read, the version, when
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -67,11 +85,28 @@ class Actor:
                 continue
             deliveries = consumer.read(8, block_ms=50)
             version = self.receiver.version.step  # read again: a push may land while the read blocks
+            if self.spanning:
+                self._finish_round(consumer, out, deliveries, version)
+                continue
             groups = [scored_group(d.message, max(0, version - self.version_offset(d.identity)))
                       for d in deliveries]
-            consumer.ack(deliveries, groups, to=out)
-            self.prompts.update({d.identity: d.message for d in deliveries})
-            self.generated_by.update({g.group_id: g.policy_version for g in groups})
+            self._emit(consumer, out, deliveries, groups)
+
+    def _finish_round(self, consumer, out, deliveries, version: int) -> None:
+        """Spanning: end the groups a push reached since they started (or held `HOLD_S`), start these."""
+        now = time.monotonic()
+        done = [(d, at, t) for d, at, t in self._started if version > at or now - t > HOLD_S]
+        self._started = [s for s in self._started if s not in done] + [(d, version, now) for d in deliveries]
+        if done:
+            groups = [spanning_group(d.message, at, version) for d, at, _ in done]
+            self.token_versions.update({g.group_id: [list(s.token_versions) for s in g.samples]
+                                        for g in groups})
+            self._emit(consumer, out, [d for d, _, _ in done], groups)
+
+    def _emit(self, consumer, out, deliveries, groups: list[RolloutGroup]) -> None:
+        consumer.ack(deliveries, groups, to=out)
+        self.prompts.update({d.identity: d.message for d in deliveries})
+        self.generated_by.update({g.group_id: g.policy_version for g in groups})
 
     def close(self) -> None:
         self.stop.set()

@@ -128,3 +128,17 @@ def test_generating_version_rejects_the_bound_mode_and_bad_versions():
         generating_version(3, 1, "bound")
     with pytest.raises(ValueError, match="trained_at >= 1"):
         generating_version(0, 1, "exact")
+
+
+def test_a_group_spanning_versions_is_judged_on_its_oldest_token_and_corrected_per_token():
+    # learner at 10, bound 2: tokens of 10 - 2 = 8 or newer are fresh; the group's oldest token (6) is 4 old
+    decision = staleness_decision(6, 10, 2, "tis", newest=9)
+    assert decision == StalenessDecision(4, "correct", fresh_from=8)
+    assert [decision.corrects(v) for v in (6, 7, 8, 9, 10)] == [True, True, False, False, False]
+    # every token beyond the bound (newest 7 < 8): one judgement for all, as in batch mode
+    assert staleness_decision(6, 10, 2, "tis", newest=7) == StalenessDecision(4, "correct")
+    # within the bound, or dropped: nothing per token
+    assert staleness_decision(8, 10, 2, "tis", newest=10) == StalenessDecision(2, "fresh")
+    assert staleness_decision(6, 10, 2, "drop", newest=9) == StalenessDecision(4, "drop")
+    # "keep" trains every token as is, whichever side of the bound
+    assert not staleness_decision(6, 10, 2, "keep", newest=9).corrects(6)

@@ -79,3 +79,76 @@ def test_a_held_group_delivered_again_is_held_again_before_any_check():
     windowed = Rules(K, max_staleness=1, stale_policy="drop", window=4)
     held = Known(frozenset(), held={"g00000007"})
     assert verdict(group(3, samples=0), windowed, held) == Verdict(Action.HOLD)
+
+
+# -- per-token versions (continuous mode): judged on the oldest token, malformed ones dead-lettered ----------
+
+def spanning(versions: list[list[int]], policy_version: int, lineage: int = 2) -> RolloutGroup:
+    """A group whose sample i has one token per entry of versions[i], each tagged with that version."""
+    samples = [Sample(completion_token_ids=[7] * len(v), logprobs=[-1.0] * len(v), reward=1.0,
+                      token_versions=v) for v in versions]
+    prompt = PromptGroup(group_id="g00000007", prompt_token_ids=[5, 6], k=K)
+    return RolloutGroup(group_id="g00000007", prompt=prompt, samples=samples, policy_version=policy_version,
+                        lineage=lineage)
+
+
+def test_a_group_is_judged_on_its_oldest_token_across_its_samples():
+    # sample 0 spans 3..5, sample 1 is all 5: the oldest token is 3, so 5 - 3 = 2 > max_staleness 1
+    tis = Rules(K, max_staleness=1, stale_policy="tis")
+    result = verdict(spanning([[3, 4, 5], [5, 5]], policy_version=3), tis)
+    # tokens of 5 - 1 = 4 or newer are within the bound (fresh); only the version-3 token is corrected
+    assert result == Verdict(Action.TRAIN, StalenessDecision(2, "correct", fresh_from=4), 2)
+    assert [result.decision.corrects(v) for v in (3, 4, 5)] == [True, False, False]
+    # the same group under drop: dropped whole, judged on its oldest token
+    assert verdict(spanning([[3, 4, 5], [5, 5]], policy_version=3)) == Verdict(
+        Action.DROP, StalenessDecision(2, "drop"), 2)
+
+
+def test_a_group_whose_tokens_span_versions_within_the_bound_is_fresh():
+    # oldest 4: 5 - 4 = 1 <= 1
+    assert verdict(spanning([[4, 5], [5, 5]], policy_version=4)) == Verdict(
+        Action.TRAIN, StalenessDecision(1, "fresh"), 1)
+
+
+def test_the_oldest_token_wins_over_a_policy_version_set_too_new():
+    # the generator claims version 5 while a token was sampled by 3: min(5, 3, 5) = 3, 5 - 3 = 2 > 1
+    assert verdict(spanning([[3, 5], [5, 5]], policy_version=5)).staleness == 2
+    # and the other way round: policy_version 3 older than every token still counts (min(3, 5) = 3)
+    assert verdict(spanning([[5, 5], [5, 5]], policy_version=3)).staleness == 2
+
+
+def test_another_lineages_spanning_group_is_corrected_on_every_token():
+    tis = Rules(K, max_staleness=1, stale_policy="tis")
+    # lineage 1's 9..12 beside lineage 2's 5: max(2, 5 - 9) = 2, and no token of a dead lineage is fresh
+    result = verdict(spanning([[9, 12], [9, 9]], policy_version=9, lineage=1), tis)
+    assert result.decision == StalenessDecision(2, "correct") and result.old_lineage
+    assert result.decision.corrects(12)
+
+
+def test_token_versions_that_do_not_fit_the_tokens_are_dead_lettered():
+    g = spanning([[4, 5], [5]], policy_version=4)
+    g.samples[0].token_versions.append(5)  # three versions for two tokens
+    assert verdict(g) == Verdict(
+        Action.INVALID, reason="learner cannot train on it: sample 0: 3 token versions for 2 tokens")
+
+
+@pytest.mark.parametrize("versions, reason", [
+    ([[5, 4], [5, 5]], "sample 0: token versions decrease (4 after 5 at token 1)"),
+    ([[5, 5], [5, 6]], "sample 1: a token sampled by version 6, newer than the learner's 5"),
+])
+def test_malformed_token_versions_are_dead_lettered_with_the_reason(versions, reason):
+    assert verdict(spanning(versions, policy_version=4)) == Verdict(
+        Action.INVALID, reason=f"learner cannot train on it: {reason}")
+
+
+def test_versions_of_another_lineage_may_be_higher_than_the_learners():
+    # lineage 1's version 9 is no newer than lineage 2's 5: it does not compare (beyond the bound, dropped)
+    assert verdict(spanning([[9, 9], [9, 9]], policy_version=9, lineage=1)).action is Action.DROP
+
+
+def test_controlled_mode_holds_only_a_group_wholly_of_the_window():
+    windowed = Rules(K, max_staleness=1, stale_policy="drop", window=4)
+    assert verdict(spanning([[4, 4], [4]], policy_version=4), windowed).action is Action.HOLD
+    # generated across a push (4 then 5): not the window's, off-schedule
+    assert verdict(spanning([[4, 5], [4]], policy_version=4), windowed) == Verdict(
+        Action.DROP, staleness=1, reason=OFF_SCHEDULE)
