@@ -284,6 +284,9 @@ def main(argv: Sequence[str]) -> int:
                         help="after the warm-up, send this many chat completions to the service's API "
                              "at once")
     parser.add_argument("--json", action="store_true", help="print one JSON object (a list with --backend)")
+    parser.add_argument("--modes", action="store_true",
+                        help="instead: tokens/s of continuous against batch mode on one vLLM engine "
+                             "(asyncrlhf.bench.modes)")
     args, rest = parser.parse_known_args(list(argv))
     if args.api_requests < 0:
         parser.error(f"--api-requests must be 0 or more, got {args.api_requests}")
@@ -294,6 +297,12 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as err:
         print(f"asyncrlhf bench generator: {err}", file=sys.stderr)
         return 2
+    if args.modes:
+        from asyncrlhf.bench.modes import compare, report
+
+        modes = compare(configs[0], args.prompts, args.repeats)
+        print(json.dumps(modes) if args.json else "\n".join(report(modes)))
+        return 0
     work = Workload(args.prompts, args.repeats, args.api_requests)
     if len(runs) == 1:
         results = [measure(configs[0], files, runs[0], work)]
