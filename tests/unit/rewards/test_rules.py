@@ -108,8 +108,8 @@ def test_length_band_ramps_to_the_requested_band_and_strict_is_in_or_out():
     detailed = "Describe tea in detail, in several paragraphs with examples."  # band 90-150 words
     prompts = [one, one, one, one, one, detailed, detailed]
     completions = [" ".join(["w"] * n) for n in (2, 5, 30, 45, 70, 60, 150)]
-    # one sentence: 2 -> 2/5 = 0.4; 5 and 30 -> 1.0 (inside); 45 -> 1 - (45 - 30)/30 = 0.5; 70 -> 1 - 40/30 < 0
-    # -> 0.0; detailed: 60 -> 60/90 = 0.666..; 150 -> 1.0
+    # one sentence: 2 -> 2/5 = 0.4; 5 and 30 -> 1.0 (inside); 45 -> 1 - (45 - 30)/30 = 0.5;
+    # 70 -> 1 - 40/30 < 0 -> 0.0; detailed: 60 -> 60/90 = 0.666..; 150 -> 1.0
     soft = RuleScorer("length_band").score(prompts, completions).scores
     assert soft == pytest.approx([0.4, 1.0, 1.0, 0.5, 0.0, 2 / 3, 1.0])
     strict = RuleScorer("length_band", {"strict": True}).score(prompts, completions).scores
