@@ -7,8 +7,8 @@ declares a `labels` parameter (or `**kwargs`) also receives per-item reference a
 carries them (OpenRLHF's `labels`); the consumer loop has none, so verifiable rules there read their
 reference from `args` (see `exact_match`).
 
-Shipped: `sentiment` (the demo task's gold reward), `length_penalty`, `regex_match`, `exact_match`,
-`math_answer` (GSM8k/MATH final answers, `rewards/math.py`).
+Shipped: `sentiment` (the demo task's gold reward), `length_penalty`, `length_band` (the `varlen` task's
+requested lengths), `regex_match`, `exact_match`, `math_answer` (GSM8k/MATH final answers, `rewards/math.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from asyncrlhf.rewards.base import ScorerConfigError, ScorerError, ScoreResult
 from asyncrlhf.rewards.math import math_score
+from asyncrlhf.tasks.varlen import band_of
 
 RuleFn = Callable[..., Any]
 RULES: dict[str, RuleFn] = {}
@@ -70,6 +71,28 @@ def length_penalty(
         raise ScorerConfigError(f"length_penalty: unit must be `words` or `chars`, got `{unit}`")
     lengths = [len(c.split()) if unit == "words" else len(c) for c in completions]
     return [-coef * max(0, n - target) for n in lengths]
+
+
+@rule("length_band")
+def length_band(prompts: Sequence[str], completions: Sequence[str], *, strict: bool = False,
+                **_: Any) -> list[float]:
+    """How well the completion's length in words meets the band its prompt asks for (`tasks/varlen.py`:
+    "in one sentence" 5-30 words ... "in detail" 90-150): 1.0 inside [min, max]. Outside, 0.0 with `strict`
+    (the `varlen` gold), else a ramp a policy can climb: n / min below, max(0, 1 - (n - max) / max) above."""
+    out = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        band = band_of(prompt)
+        if band is None:
+            raise ValueError(f"the prompt {prompt[:60]!r} asks for no length band; `length_band` scores the "
+                             "`varlen` task's prompts (task.name: varlen)")
+        n, low, high = len(completion.split()), band.min_words, band.max_words
+        if low <= n <= high:
+            out.append(1.0)
+        elif strict:
+            out.append(0.0)
+        else:
+            out.append(n / low if n < low else max(0.0, 1.0 - (n - high) / high))
+    return out
 
 
 @rule("regex_match")

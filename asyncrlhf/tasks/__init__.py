@@ -1,5 +1,6 @@
-"""Prompt sources: the shipped demo task, the user's JSONL files (`task.name: jsonl`), or Hugging Face
-datasets (`task.name: hf`, `tasks/hf.py`). A prompt is a string or a chat `messages` list."""
+"""Prompt sources: the shipped tasks (`demo`; `varlen`, answers from one sentence to a long one,
+`tasks/varlen.py`), the user's JSONL files (`task.name: jsonl`), or Hugging Face datasets (`task.name: hf`,
+`tasks/hf.py`). A prompt is a string or a chat `messages` list."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from asyncrlhf.config import TaskConfig
-from asyncrlhf.tasks import demo
+from asyncrlhf.tasks import demo, varlen
 from asyncrlhf.tasks.hf import HFTaskError, Prompt
 
 log = logging.getLogger("asyncrlhf.tasks")
@@ -85,6 +86,8 @@ def plain_text(prompt: Prompt) -> str:
 def load_task(cfg: TaskConfig) -> Task:
     if cfg.name == "demo":
         return Task(train=demo.train_prompts(), eval=demo.eval_prompts())
+    if cfg.name == "varlen":
+        return Task(train=varlen.train_prompts(), eval=varlen.eval_prompts())
     if cfg.name == "jsonl":
         if not cfg.train_path:
             raise TaskError(
@@ -95,7 +98,7 @@ def load_task(cfg: TaskConfig) -> Task:
         return Task(train=train, eval=held_out)
     if cfg.name == "hf":
         return _load_hf(cfg)
-    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `jsonl` or `hf`")
+    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `varlen`, `jsonl` or `hf`")
 
 
 def _load_hf(cfg: TaskConfig) -> Task:

@@ -99,5 +99,23 @@ def test_rule_outputs_are_checked(tmp_path):
 
 
 def test_registry_ships_the_documented_rules():
-    assert {"sentiment", "length_penalty", "regex_match", "exact_match"} <= set(RULES)
+    assert {"sentiment", "length_penalty", "length_band", "regex_match", "exact_match"} <= set(RULES)
     assert RuleScorer("sentiment").score(["p"], [""]).scores == [0.0]
+
+
+def test_length_band_ramps_to_the_requested_band_and_strict_is_in_or_out():
+    one = "In one sentence, what is tea?"  # band 5-30 words
+    detailed = "Describe tea in detail, in several paragraphs with examples."  # band 90-150 words
+    prompts = [one, one, one, one, one, detailed, detailed]
+    completions = [" ".join(["w"] * n) for n in (2, 5, 30, 45, 70, 60, 150)]
+    # one sentence: 2 -> 2/5 = 0.4; 5 and 30 -> 1.0 (inside); 45 -> 1 - (45 - 30)/30 = 0.5;
+    # 70 -> 1 - 40/30 < 0 -> 0.0; detailed: 60 -> 60/90 = 0.666..; 150 -> 1.0
+    soft = RuleScorer("length_band").score(prompts, completions).scores
+    assert soft == pytest.approx([0.4, 1.0, 1.0, 0.5, 0.0, 2 / 3, 1.0])
+    strict = RuleScorer("length_band", {"strict": True}).score(prompts, completions).scores
+    assert strict == [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_length_band_refuses_a_prompt_that_asks_for_no_length():
+    with pytest.raises(ScorerError, match="task.name: varlen"):
+        RuleScorer("length_band").score(["Write a short review of tea."], ["Nice tea."])
