@@ -160,6 +160,8 @@ class Launcher:
             svc.start()
         g = self.cfg.generator
         backend = f"{g.backend} ({g.auto_reason})" if g.auto_reason else g.backend
+        if g.mode == "continuous":  # the HF backend has no step-wise engine: it runs batch mode
+            backend += " continuous" if g.backend == "vllm" else " batch (continuous needs vllm)"
         progress = Progress(self.cfg.learner.total_steps, final_version=self._final_version,
                             generator=backend)
         try:
