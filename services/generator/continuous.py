@@ -58,12 +58,9 @@ class ContinuousLoop(GeneratorLoop):
     def step(self) -> int:
         """Fill free slots, take one engine step, write the groups that ended; returns groups written."""
         self._update_pending()
-        start = time.monotonic()
-        if self.backend.version == 0:
-            self.metrics.waiting.wait(Wait.WEIGHTS)
-            self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
-            self.metrics.idle_seconds.inc(time.monotonic() - start)
+        if self._no_weights_yet():
             return 0
+        start = time.monotonic()
         self._fill()
         running = self.sampler.running_samples
         if not running and not self._others_waiting():

@@ -87,10 +87,7 @@ class GeneratorLoop:
         """One read-generate-write round; returns the groups written (0 when idle)."""
         self._update_pending()
         start = time.monotonic()
-        if self.backend.version == 0:
-            self.metrics.waiting.wait(Wait.WEIGHTS)
-            self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
-            self.metrics.idle_seconds.inc(time.monotonic() - start)
+        if self._no_weights_yet():
             return 0
         deliveries = self.consumer.read(self.cfg.generator.batch_prompts)
         if not deliveries:
@@ -99,6 +96,16 @@ class GeneratorLoop:
             return 0
         self.metrics.waiting.work()
         return self._generate(deliveries)
+
+    def _no_weights_yet(self) -> bool:
+        """Nothing is generated before the first push: wait a little for it (counted as idle)."""
+        if self.backend.version != 0:
+            return False
+        start = time.monotonic()
+        self.metrics.waiting.wait(Wait.WEIGHTS)
+        self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
+        self.metrics.idle_seconds.inc(time.monotonic() - start)
+        return True
 
     def _admit(self, deliveries: list[Delivery[PromptGroup]]) -> list[Work]:
         """(delivery, prompt ids, k) of each group that can be sampled; the others are dead-lettered."""
