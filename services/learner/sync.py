@@ -62,6 +62,7 @@ class WeightPublisher:
         self._failures: dict[str, int] = {}  # generator id -> failed pushes in a row
         self._failing_since: dict[str, float] = {}  # generator id -> time.monotonic() of the first of them
         self._in_flight: threading.Thread | None = None  # the background push
+        self._listed_at = 0.0  # time.monotonic() of the last registry read (`_live`)
         self._failure: BaseException | None = None  # how the background push ended, if it raised
 
     def publish(self, version: int, background: bool = False) -> float:
@@ -145,7 +146,8 @@ class WeightPublisher:
             self.pusher.close()
 
     def _live(self) -> list[Member]:
-        """The live generators; only rank 0 holds the registry."""
+        """The live generators; only rank 0 holds the registry. Notes when it was read (`_failed`)."""
+        self._listed_at = time.monotonic()
         return self.registry.live() if self.registry is not None else []
 
     def _push(self, targets: list[PushTarget], waited_on: bool = True) -> bool:
@@ -191,7 +193,9 @@ class WeightPublisher:
         limit, ttl = self.cfg.learner.push_max_failures, self.cfg.generator.registry_ttl_s
         # A generator that died leaves the registry within its TTL: one still listed after failing that long
         # keeps heart-beating, yet cannot be reached. Only that fails the learner; a dead one is waited out.
-        if failures >= limit and time.monotonic() - first >= ttl:
+        # Listed: by the registry read this push's targets came from, not the moment the push failed (a
+        # dead generator read just before its entry expired fails its push just after).
+        if failures >= limit and self._listed_at - first >= ttl:
             raise PushFailed(f"{what}; {failures} failed pushes in a row over {ttl:g} s to a generator that "
                              f"stays registered (learner.push_max_failures={limit}, "
                              "generator.registry_ttl_s): check its log and network.")

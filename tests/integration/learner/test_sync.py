@@ -91,6 +91,30 @@ def test_a_dead_generator_still_listed_is_waited_out_not_fatal(redis_client, red
     pub.close()
 
 
+def test_a_generator_listed_before_its_ttl_ran_out_is_not_fatal_when_its_push_fails_after(
+        redis_client, redis_url, run_name):
+    """A generator that stops answering is fatal only when a registry read made a TTL after its first failure
+    still lists it; a push whose targets were read before that, and which fails after it (a slow timeout, or
+    background pushes in quick succession to a dead generator), is retried like any other."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are queued, never answered: each push times out
+    pub, registry = publisher(redis_client, redis_url, run_name, tiny_model(0), "learner.push_max_failures=2",
+                              "learner.push_timeout_s=1.2", "generator.registry_ttl_s=1.0")
+    registry.register("g0", f"127.0.0.1:{silent.getsockname()[1]}", NONE)
+    try:
+        pub.publish(1)  # first failure, 1.2 s after its targets were read
+        pub.publish(2)  # read right after the first failure, failed 1.2 s later (> the TTL): not fatal
+        assert pub._failures["g0"] == 2
+        with pytest.raises(PushFailed, match=r"3 failed pushes in a row over 1 s"):
+            pub.publish(3)  # read more than a TTL after the first failure, still listed: fatal
+    finally:
+        pub.close()
+        silent.close()
+
+
 def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_is_pushed_around(
         redis_client, redis_url, run_name):
     """learner.relay_fanout=2 over five registered generators (as across hosts: no shared memory, each with a
