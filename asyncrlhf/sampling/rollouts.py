@@ -11,6 +11,7 @@ from asyncrlhf.sampling.continuous import Progress
 from asyncrlhf.version import PolicyVersion
 
 FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
+_FINISH_OF: dict[int, Finish] = {v: k for k, v in FINISH.items()}  # type: ignore[misc]
 
 
 def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], version: PolicyVersion,
@@ -47,11 +48,10 @@ def progress_of(prompt: PromptGroup, lineage: int) -> list[Progress]:
     none when they come from another lineage, or are malformed (their tokens are sampled again)."""
     if prompt.partial_lineage != lineage:
         return []
-    finish: dict[int, Finish] = {v: k for k, v in FINISH.items()}  # type: ignore[misc]
     out = []
     for s in prompt.partial_samples:
         ids, logps, versions = list(s.completion_token_ids), list(s.logprobs), list(s.token_versions)
         if len(logps) != len(ids) or len(versions) != len(ids):
             return []
-        out.append(Progress(ids, logps, versions, finish.get(s.finish_reason), s.continued_from))
+        out.append(Progress(ids, logps, versions, _FINISH_OF.get(s.finish_reason), s.continued_from))
     return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -61,8 +60,6 @@ class VLLMStepEngine:
         self._submitted: queue.Queue[_Submitted] = queue.Queue()
         self._futures: dict[str, Future] = {}
         self._ids = itertools.count()
-        self._loop_keys: set[str] = set()
-        self.wake = threading.Event()  # set when a request is submitted: an idle loop steps now
 
     # -- the loop's sequences ----------------------------------------------------------------------------
 
@@ -76,28 +73,22 @@ class VLLMStepEngine:
                                 output_kind=RequestOutputKind.DELTA)
         self.engine.add_request(key, {"prompt_token_ids": list(prompt_ids)}, params,
                                 lora_request=self.backend.lora_request)
-        self._loop_keys.add(key)
 
     def step(self) -> list[StepDelta]:
         self._admit_submitted()
         if not self.engine.has_unfinished_requests():
             return []
         deltas: list[StepDelta] = []
-        for out in self.engine.step():
-            if out.request_id in self._loop_keys:
+        for out in self.engine.step():  # another client's request has a future; the rest are the loop's
+            if out.request_id not in self._futures:
                 deltas.append(self._delta(out))
-                if out.finished:
-                    self._loop_keys.discard(out.request_id)
             elif out.finished:
-                future = self._futures.pop(out.request_id, None)
-                if future is not None:
-                    future.set_result(out)
+                self._futures.pop(out.request_id).set_result(out)
         return deltas
 
     def abort(self, keys: Sequence[str]) -> None:
         if keys:
             self.engine.abort_request(list(keys))
-            self._loop_keys.difference_update(keys)
 
     def running(self) -> int:
         return self.engine.get_num_unfinished_requests()
@@ -122,7 +113,6 @@ class VLLMStepEngine:
             future: Future = Future()
             self._submitted.put(_Submitted(f"api-{next(self._ids)}", list(prompt), params, future))
             futures.append(future)
-        self.wake.set()
         return [f.result(timeout=API_TIMEOUT_S) for f in futures]
 
     def fail_waiting(self, reason: str) -> None:

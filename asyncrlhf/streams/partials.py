@@ -30,23 +30,24 @@ class PartialStore:
         if groups:
             self.client.hset(self.key, mapping={g.group_id: g.SerializeToString() for g in groups})
 
-    def load(self, group_id: str) -> PromptGroup | None:
-        """The saved progress of a group, or None (none saved, or unreadable: the group restarts)."""
-        raw = self.client.hget(self.key, group_id)
-        if raw is None:
-            return None
-        try:
-            return PromptGroup.FromString(raw)  # type: ignore[arg-type]
-        except Exception:  # a corrupt save costs its tokens, not the group
-            return None
-
     def forget(self, group_ids: Sequence[str]) -> None:
         if group_ids:
             self.client.hdel(self.key, *group_ids)
 
-    def further(self, prompt: PromptGroup) -> PromptGroup:
-        """The message, or its saved progress when that is further along (the caller checks the lineage)."""
-        saved = self.load(prompt.group_id)
-        if saved is None or partial_tokens(saved) <= partial_tokens(prompt):
-            return prompt
-        return saved
+    def further(self, prompts: Sequence[PromptGroup]) -> list[PromptGroup]:
+        """Each message, or its saved progress when that is further along (the caller checks the lineage),
+        in one command; a save that cannot be read costs its tokens, not the group."""
+        if not prompts:
+            return []
+        raws = self.client.hmget(self.key, [p.group_id for p in prompts])
+        return [_further(p, raw) for p, raw in zip(prompts, raws, strict=True)]
+
+
+def _further(prompt: PromptGroup, raw: bytes | str | None) -> PromptGroup:
+    if raw is None:
+        return prompt
+    try:
+        saved = PromptGroup.FromString(raw)  # type: ignore[arg-type]  # a bytes client: bytes
+    except Exception:  # a corrupt save: the group continues from the message
+        return prompt
+    return saved if partial_tokens(saved) > partial_tokens(prompt) else prompt

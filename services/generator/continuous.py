@@ -99,18 +99,18 @@ class ContinuousLoop(GeneratorLoop):
         deliveries = self.consumer.read(max(1, free // k), block_ms=0 if busy else IDLE_READ_MS)
         lineage = self.swap.lineage
         in_flight = {run.group_id for run in self.sampler.groups}
-        for d, ids, k_group in self._admit(deliveries):
-            if d.message.group_id in in_flight:  # ours, re-claimed while it ran long: it stays ours
-                continue
-            prompt = self.partials.further(d.message) if self.partials else d.message
+        # a group re-claimed while it ran long here stays ours
+        work = [w for w in self._admit(deliveries) if w[0].message.group_id not in in_flight]
+        messages = [d.message for d, _, _ in work]
+        prompts = self.partials.further(messages) if self.partials else messages
+        for (d, ids, k_group), prompt in zip(work, prompts, strict=True):
             partial = progress_of(prompt, lineage)
             continued = sum(1 for p in partial if p.finish is None and p.token_ids)
             if continued:
                 self.metrics.continued_samples.inc(continued)
                 log.info("continuing group %s: %d samples from %d tokens sampled elsewhere",
                          d.message.group_id, continued, sum(len(p.token_ids) for p in partial))
-            run = self.sampler.start(d, d.message.group_id, ids, k_group, lineage=lineage, partial=partial)
-            run.saved_tokens = run.tokens
+            self.sampler.start(d, d.message.group_id, ids, k_group, lineage=lineage, partial=partial)
 
     def _restart_other_lineages(self, served: PolicyVersion) -> None:
         """Weights of another learner lineage arrived: samples begun under the old one start again."""
