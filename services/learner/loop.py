@@ -20,7 +20,8 @@ import logging
 import threading
 import time
 import uuid
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 from asyncrlhf._proto.events_pb2 import (
     EVENT_KIND_CHECKPOINT_SAVED,
@@ -145,11 +146,18 @@ class Learner:
         return 0
 
     def _collect(self) -> StepBatch | None:
-        waited = time.perf_counter()
-        with self.metrics.waiting.waiting(Wait.SCORED_GROUPS):
-            batch = self.inbox.collect(self.state.version, self.stop, self.weights.sync_late_generators)
-        self._waited["data"] += time.perf_counter() - waited
-        return batch
+        with self._waiting_for_data():
+            return self.inbox.collect(self.state.version, self.stop, self.weights.sync_late_generators)
+
+    @contextmanager
+    def _waiting_for_data(self) -> Iterator[None]:
+        """The block waits for scored groups: the wait state says so, and the step's data wait counts it."""
+        started = time.perf_counter()
+        try:
+            with self.metrics.waiting.waiting(Wait.SCORED_GROUPS):
+                yield
+        finally:
+            self._waited["data"] += time.perf_counter() - started
 
     def _await_push(self) -> float:
         """Wait for the background push in flight and release its step's credits (before the next step's
@@ -202,10 +210,8 @@ class Learner:
         if not publish:
             self.inbox.release(version)
             return
-        settling = time.perf_counter()
-        with self.metrics.waiting.waiting(Wait.SCORED_GROUPS):
+        with self._waiting_for_data():
             self.inbox.settle(batch, version - 1, self.stop, self.weights.sync_late_generators)
-        self._waited["data"] += time.perf_counter() - settling
         self._waited_on_push(self.weights.publish(version, background=self.background))
         if self.background:
             self.inbox.release_when(version, self.weights.pushed)
