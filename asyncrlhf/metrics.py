@@ -58,6 +58,11 @@ GENERATOR_PROMPTS_PENDING = _metric("generator", "prompts_pending")
 GENERATOR_ENGINE_OCCUPANCY = _metric("generator", "engine_occupancy")  # continuous: running / capacity
 GENERATOR_CONTINUED_SAMPLES_TOTAL = _metric("generator", "continued_samples", "total")
 GENERATOR_HANDED_ON_SAMPLES_TOTAL = _metric("generator", "handed_on_samples", "total")
+GENERATOR_EPISODE_TURNS = _metric("generator", "episode_turns")  # histogram: model turns per episode
+GENERATOR_EPISODES_TOTAL = _metric("generator", "episodes", "total")  # label: end (done, timeout, error, ...)
+GENERATOR_TOOL_CALLS_TOTAL = _metric("generator", "tool_calls", "total")  # label: tool
+GENERATOR_TOOL_ERRORS_TOTAL = _metric("generator", "tool_errors", "total")  # label: tool
+GENERATOR_ENV_STEP_SECONDS = _metric("generator", "env_step", "seconds")  # histogram
 # Each service's wait (asyncrlhf.stalls.waiting): the Unix time it began, label `on`; none while it works.
 GENERATOR_WAITING_SINCE_SECONDS = _metric("generator", "waiting_since", "seconds")
 

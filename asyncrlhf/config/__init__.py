@@ -49,6 +49,7 @@ from asyncrlhf.config.reward import (
     ScorerConfig,
 )
 from asyncrlhf.config.run import (
+    EnvConfig,
     LaunchConfig,
     MetricsConfig,
     RedisConfig,
@@ -92,6 +93,7 @@ __all__ = [
     "ScorerConfig",
     "Section",
     "SentinelConfig",
+    "EnvConfig",
     "TaskConfig",
     "Tagged",
     "TinyModelConfig",

@@ -171,6 +171,38 @@ class RedisConfig(Section):
         return url_without_password(self.url) if self.url else "(not set)"
 
 
+class EnvConfig(Section):
+    """Multi-turn episodes (docs/environments.md): each prompt is an episode of model turns and environment
+    steps (`kind: none`, the default: single completions). `kind: tools`: the model calls `tools` (Python functions) and the tools of an `mcp` server, and
+    its answer (the turn with no call) is scored by `verifier`; `kind: class`: your own environment class."""
+
+    kind: Literal["none", "tools", "class"] = Field(
+        "none", description="`none` (single completions, no episodes), `tools`, or `class` (your `path`).")
+    path: str | None = Field(None, description="kind `class`: `file.py:ClassName`, an environment with "
+                             "reset(prompt) -> observation and step(action) -> (observation, reward, done).")
+    args: dict = Field(default_factory=dict, description="kind `class`: keyword arguments of the class.")
+    tools: list[str] = Field(default_factory=list, description="kind `tools`: Python functions as tools, "
+                             "`file.py:function`, or shipped ones (`calculator`).")
+    mcp: list[str] = Field(default_factory=list, description="kind `tools`: the command that starts an MCP "
+                           "server over stdio (e.g. [python, server.py]); its tools join `tools`.")
+    verifier: str | None = Field("math_answer", description="kind `tools`: scores the answer against the "
+                                 "prompt's reference: a shipped rule (`math_answer`) or `file.py:function` "
+                                 "(answer, reference) -> float; unset: reward 0.")
+    max_turns: int = Field(4, ge=1, description="Model turns per episode at most.")
+    max_episode_tokens: int = Field(256, ge=1, description="Tokens after the prompt at most (the model's "
+                                    "turns and the observations between them).")
+    step_timeout_s: float = Field(10.0, gt=0, description="An environment's reset or step running longer "
+                                  "ends its episode (recorded as a timeout).")
+
+    @model_validator(mode="after")
+    def _kind_needs(self):
+        if self.kind == "class" and not self.path:
+            raise ValueError("task.env.kind `class` needs task.env.path (`file.py:ClassName`)")
+        if self.kind == "tools" and not (self.tools or self.mcp):
+            raise ValueError("task.env.kind `tools` needs task.env.tools or task.env.mcp")
+        return self
+
+
 class TaskConfig(Section):
     """The prompts: the shipped demo task, your JSONL, or a Hugging Face dataset (docs/bring-your-own.md)."""
 
@@ -202,6 +234,7 @@ class TaskConfig(Section):
         "truncate", description="A prompt longer than model.max_prompt_tokens: keep its last tokens, fail at "
         "start naming its row, or skip it (counted in the log).",
     )
+    env: EnvConfig = Field(default_factory=EnvConfig)
     on_bad_row: Literal["fail", "skip"] = Field(
         "fail", description="A row with a missing or wrong-typed field: fail at start naming it, or skip it "
         "(skipped rows are counted in the log).",

@@ -48,5 +48,25 @@ class GeneratorMetrics:
                                          registry=r)
         self.handed_on_samples = Counter(names.GENERATOR_HANDED_ON_SAMPLES_TOTAL,
                                          "Samples handed back to the prompts stream at a stop.", registry=r)
+        self.episodes = EpisodeMetrics(r)
         self.waiting = WaitState(Gauge(names.GENERATOR_WAITING_SINCE_SECONDS, WAITING_HELP, ["on"],
                                        registry=r))
+
+
+class EpisodeMetrics:
+    """Multi-turn episodes (task.env): turns, how episodes ended, tool calls and failures by tool, and the
+    environment's step latency."""
+
+    def __init__(self, r: CollectorRegistry):
+        self.turns = Histogram(names.GENERATOR_EPISODE_TURNS, "Model turns per episode.",
+                               buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.ended = Counter(names.GENERATOR_EPISODES_TOTAL, "Episodes ended, by why: done, max_turns, "
+                             "length, or the environment's error, timeout or malformed output.", ["end"],
+                             registry=r)
+        self.tool_calls = Counter(names.GENERATOR_TOOL_CALLS_TOTAL, "Tool calls the model made, by tool.",
+                                  ["tool"], registry=r)
+        self.tool_errors = Counter(names.GENERATOR_TOOL_ERRORS_TOTAL, "Tool calls that failed (the tool "
+                                   "raised, no such tool, or a malformed call: `<malformed>`), by tool.",
+                                   ["tool"], registry=r)
+        self.step_seconds = Histogram(names.GENERATOR_ENV_STEP_SECONDS, "Seconds per environment step.",
+                                      buckets=_SECONDS_BUCKETS, registry=r)

@@ -93,15 +93,67 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as a JSON object, in a string (as OpenAI sends them).")
+
+
+class ToolCallItem(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(
+        None, description="Required but for an assistant message that calls tools.")
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = Field(None, description="An assistant message's calls.")
+    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("`content` is required (only an assistant message with tool_calls may omit it)")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the `tool_call_id` it answers")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: str = ""
+    parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                             description="The arguments as a JSON schema.")
+    strict: bool | None = Field(None, description="Accepted; arguments are not checked against the schema.")
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(SamplingRequest):
@@ -113,11 +165,24 @@ class ChatRequest(SamplingRequest):
     logprobs: bool = Field(False, description="Log-prob of each completion token.")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                      description="With logprobs: the N most likely tokens at each step.")
+    tools: list[ChatTool] | None = Field(None, description="Functions the model may call; the chat template "
+                                                           "renders them (asyncrlhf.envs.toolcalls).")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="none: calls are not parsed; auto (the default with tools): parsed when the model "
+                          "writes them; required / a named function: the call's opening is written for the "
+                          "model, which writes the rest.")
+    parallel_tool_calls: bool | None = Field(None, description="Accepted; every call the model writes is "
+                                                               "returned.")
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools and self.tool_choice.function.name \
+                not in {t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice names `{self.tool_choice.function.name}`, which is not in tools")
         return self
 
     @property
@@ -176,13 +241,17 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallItem] | None = None
+
+
+ChatFinish = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: ChatFinish
     logprobs: ChatLogprobs | None = None
 
 
@@ -192,15 +261,20 @@ class ChatResponse(Identity):
     usage: Usage
 
 
+class ToolCallDelta(ToolCallItem):
+    index: int
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: ChatFinish | None = None
     logprobs: ChatLogprobs | None = None
 
 

@@ -25,9 +25,10 @@ MODEL = "tiny"
 
 
 class Served:
-    def __init__(self, backend: str, cache_dir, version: int):
-        self.cfg = vllm_config(cache_dir, f"run.token={TOKEN}") if backend == "vllm" else load_config(
-            ["configs/tiny.yaml"], ["generator.device=cpu", f"run.token={TOKEN}"])
+    def __init__(self, backend: str, cache_dir, version: int, extra: tuple[str, ...] = ()):
+        self.cfg = vllm_config(cache_dir, f"run.token={TOKEN}", *extra) if backend == "vllm" else load_config(
+            ["configs/tiny.yaml"], ["generator.device=cpu", f"run.token={TOKEN}",
+                                    *[e for e in extra if not e.startswith("generator.vllm")]])
         self.tokenizer = load_tokenizer(self.cfg.model)
         self.backend = create_backend(self.cfg, self.tokenizer)
         if version:

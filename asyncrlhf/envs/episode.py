@@ -1,0 +1,152 @@
+"""Episodes: model turn -> tool calls parsed -> environment step -> observation appended -> next turn, until
+the environment is done, `max_turns`, or the token budget.
+
+Token bookkeeping is exact. The episode's tokens are the model's sampled ids, kept as sampled (never a
+re-tokenisation of the conversation's text), with the environment's observations between them, each
+tokenised once when it arrives: `token_ids` is what the learner trains on after the prompt, `loss_mask` is
+1 on the model's tokens and 0 on the environment's, and every model token keeps its behaviour log-prob and
+the policy version that sampled it (environment tokens get log-prob 0 and the version of the turn before
+them; the mask keeps both out of the loss).
+
+A model turn that ends by length (no EOS) is closed by an EOS the model did not sample (masked, like an
+observation) so the template's next turn can follow. An environment that raises, hangs past
+`step_timeout_s` or answers something malformed ends its own episode (`end` says why); the others go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from asyncrlhf.envs import base
+from asyncrlhf.envs.base import Env, EnvFailure
+from asyncrlhf.envs.toolcalls import Message, ToolSpec, observation_text, render_chat
+from asyncrlhf.sampling.backend import Completion, Finish
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_episode_tokens: int  # completion tokens (model and environment) after the prompt
+    max_turn_tokens: int
+    step_timeout_s: float
+    max_positions: int  # the longest sequence the model takes (prompt + completion)
+
+
+@dataclass
+class Episode:
+    env: Env
+    tools: list[ToolSpec] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    turns: int = 0
+    reward: float = 0.0
+    end: str = ""  # empty while it runs
+    finish: Finish = "length"
+    step_seconds: list[float] = field(default_factory=list)
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    tool_errors: dict[str, int] = field(default_factory=dict)
+
+    def completion(self) -> Completion:
+        return Completion(list(self.token_ids), list(self.logprobs), self.finish, tuple(self.versions))
+
+    def append(self, ids: Sequence[int], logprobs: Sequence[float], version: int, *, model: bool) -> None:
+        self.token_ids += ids
+        self.logprobs += logprobs
+        self.versions += [version] * len(ids)
+        self.loss_mask += [int(model)] * len(ids)
+
+
+# (contexts, max new tokens) -> (one completion per context, the policy version that sampled them)
+Sample = Callable[[list[list[int]], int], tuple[list[Completion], int]]
+
+
+class EpisodeRunner:
+    """Runs the episodes of a batch of prompts together: each turn, every running episode's context is one
+    prompt of a single batched `sample` call, so a slow environment step delays its batch's next turn only
+    by its own time."""
+
+    def __init__(self, tokenizer, make_env: Callable[[], Env], limits: EpisodeLimits,
+                 system_prompt: str = ""):
+        self.tokenizer, self.make_env, self.limits = tokenizer, make_env, limits
+        self.system_prompt = system_prompt
+
+    def run(self, prompts: Sequence[tuple[str, str | None]], k: int, sample: Sample) -> list[list[Episode]]:
+        """k episodes of each (prompt text, reference): `out[i][j]`."""
+        groups = [[self._start(text, reference) for _ in range(k)] for text, reference in prompts]
+        episodes = [e for group in groups for e in group]
+        while running := [e for e in episodes if not e.end]:
+            room = [self._room(e) for e in running]
+            budget = max(room)
+            completions, version = sample([e.prompt_ids + e.token_ids for e in running], budget)
+            for episode, completion, limit in zip(running, completions, room, strict=True):
+                self._turn(episode, _cut(completion, limit), version)
+        return groups
+
+    def _start(self, prompt: str, reference: str | None) -> Episode:
+        episode = Episode(env=self.make_env())
+        try:
+            episode.tools = base.tools_of(episode.env)
+            first = base.reset(episode.env, prompt, reference, self.limits.step_timeout_s)
+        except EnvFailure as err:
+            first, episode.end = [{"role": "user", "content": prompt}], err.reason
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        text = render_chat(self.tokenizer, system + first, episode.tools)
+        episode.prompt_ids = self._ids(text)
+        if not episode.end and self._room(episode) <= 0:
+            episode.end = "length"
+        return episode
+
+    def _room(self, e: Episode) -> int:
+        """New tokens this turn may take: the turn's limit, within the episode's budget and the context."""
+        lim = self.limits
+        return min(lim.max_turn_tokens, lim.max_episode_tokens - len(e.token_ids),
+                   lim.max_positions - len(e.prompt_ids) - len(e.token_ids))
+
+    def _turn(self, episode: Episode, completion: Completion, version: int) -> None:
+        episode.append(completion.token_ids, completion.logprobs, version, model=True)
+        episode.turns += 1
+        action = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        try:
+            result = base.step(episode.env, action, self.limits.step_timeout_s)
+        except EnvFailure as err:
+            episode.end, episode.finish = err.reason, completion.finish
+            return
+        episode.step_seconds.append(result.seconds)
+        episode.reward += result.reward
+        for name, n in result.tool_calls.items():
+            episode.tool_calls[name] = episode.tool_calls.get(name, 0) + n
+        for name, n in result.tool_errors.items():
+            episode.tool_errors[name] = episode.tool_errors.get(name, 0) + n
+        if result.done:
+            episode.end, episode.finish = "done", "stop"
+        elif episode.turns >= self.limits.max_turns:
+            episode.end, episode.finish = "max_turns", completion.finish
+        else:
+            self._observe(episode, completion, result.messages, version)
+
+    def _observe(self, episode: Episode, completion: Completion, messages: list[Message],
+                 version: int) -> None:
+        closing = [] if completion.finish == "stop" else [self.tokenizer.eos_token_id]
+        try:
+            ids = closing + self._ids(observation_text(self.tokenizer, messages, episode.tools))
+        except ValueError as err:
+            episode.end = f"malformed: {err}"
+            return
+        if self._room(episode) - len(ids) <= 0:  # no room left for a model turn after it: it is not appended
+            episode.end, episode.finish = "length", "length"
+            return
+        episode.append(ids, [0.0] * len(ids), version, model=False)
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _cut(completion: Completion, limit: int) -> Completion:
+    """The completion within this episode's own room (the batch sampled up to the largest room)."""
+    if len(completion.token_ids) <= limit:
+        return completion
+    return Completion(completion.token_ids[:limit], completion.logprobs[:limit], "length")
