@@ -173,8 +173,9 @@ class RedisConfig(Section):
 
 class EnvConfig(Section):
     """Multi-turn episodes (docs/environments.md): each prompt is an episode of model turns and environment
-    steps (`kind: none`, the default: single completions). `kind: tools`: the model calls `tools` (Python functions) and the tools of an `mcp` server, and
-    its answer (the turn with no call) is scored by `verifier`; `kind: class`: your own environment class."""
+    steps (`kind: none`, the default: single completions). `kind: tools`: the model calls `tools` (Python
+    functions) and the tools of an `mcp` server, and its answer (the turn with no call) is scored by
+    `verifier`; `kind: class`: your own environment class."""
 
     kind: Literal["none", "tools", "class"] = Field(
         "none", description="`none` (single completions, no episodes), `tools`, or `class` (your `path`).")

@@ -136,7 +136,10 @@ class EpisodeRunner:
         except ValueError as err:
             episode.end = f"malformed: {err}"
             return
-        if self._room(episode) - len(ids) <= 0:  # no room left for a model turn after it: it is not appended
+        used = len(episode.prompt_ids) + len(episode.token_ids) + len(ids)
+        left = min(self.limits.max_episode_tokens - used + len(episode.prompt_ids),
+                   self.limits.max_positions - used)
+        if left <= 0:  # no room for a model turn after it: the observation is not appended
             episode.end, episode.finish = "length", "length"
             return
         episode.append(ids, [0.0] * len(ids), version, model=False)

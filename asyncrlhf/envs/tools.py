@@ -10,11 +10,11 @@ as the tool's result, and it is counted by tool (`tool_errors`); a malformed cal
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,28 +52,35 @@ def python_tool(fn: Callable[..., Any]) -> Tool:
 
 
 class McpServer:
-    """An MCP server started as a subprocess (`command`), one session held open on an event loop of its own
-    thread: its tools, callable from any thread."""
+    """An MCP server started as a subprocess (`command`), one session held open by one task on an event loop
+    of its own thread (the SDK's contexts must be entered and left by the same task): its tools, callable
+    from any thread."""
 
     def __init__(self, command: Sequence[str], timeout_s: float = 30.0):
-        from mcp import ClientSession, StdioServerParameters
-        from mcp.client.stdio import stdio_client
-
         if not command:
             raise ValueError("an MCP server needs a command, e.g. [python, my_server.py]")
         self.timeout_s = timeout_s
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="mcp-client", daemon=True).start()
-        self._stack = AsyncExitStack()
+        opened: concurrent.futures.Future = concurrent.futures.Future()
+        self._closing = asyncio.Event()
+        self._served = asyncio.run_coroutine_threadsafe(self._serve(list(command), opened), self._loop)
+        self._session = opened.result(timeout_s)
 
-        async def open_session():
-            params = StdioServerParameters(command=command[0], args=list(command[1:]))
-            read, write = await self._stack.enter_async_context(stdio_client(params))
-            session = await self._stack.enter_async_context(ClientSession(read, write))
-            await session.initialize()
-            return session
+    async def _serve(self, command: list[str], opened: concurrent.futures.Future) -> None:
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
-        self._session = self._run(open_session())
+        try:
+            params = StdioServerParameters(command=command[0], args=command[1:])
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                opened.set_result(session)
+                await self._closing.wait()
+        except Exception as err:
+            if not opened.done():
+                opened.set_exception(err)
+            raise
 
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self.timeout_s)
@@ -94,8 +101,10 @@ class McpServer:
         return call
 
     def close(self) -> None:
+        """End the session and the server's process, then the loop."""
+        self._loop.call_soon_threadsafe(self._closing.set)
         try:
-            self._run(self._stack.aclose())
+            self._served.result(self.timeout_s)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
 

@@ -19,13 +19,17 @@ def items_of(group: RolloutGroup) -> list[Item]:
 
 
 def scored(group: RolloutGroup, result: ScoreResult, offset: int, scorer_id: str) -> RolloutGroup:
-    """A copy of `group` with its samples' rewards from `result[offset : offset + k]`."""
+    """A copy of `group` with its samples' rewards from `result[offset : offset + k]`, plus an episode's
+    environment reward (`Sample.env_reward`, the component "env")."""
     out = RolloutGroup()
     out.CopyFrom(group)
     for i, sample in enumerate(out.samples):
-        sample.reward = result.scores[offset + i]
+        env = sample.env_reward if sample.HasField("env_reward") else 0.0
+        sample.reward = result.scores[offset + i] + env
         sample.reward_components.clear()
         sample.reward_components.update({k: v[offset + i] for k, v in result.components.items()})
+        if sample.HasField("env_reward"):
+            sample.reward_components["env"] = sample.env_reward
     out.scored_at = time.time()
     out.scorer_id = scorer_id
     return out

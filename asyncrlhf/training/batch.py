@@ -9,7 +9,9 @@ Layout: prompts left-padded to a common width P, completions right after and rig
 `input_ids` (B, P + T). Every completion starts at column P, so per-token tensors are (B, T) on the
 *completion grid* (column j is completion token j, predicted by the logits at input position P - 1 + j),
 and the model computes logits for those T positions only, not for the prompts. Position ids count real
-tokens (as generation does with left padding). `mask` is 1 on real completion tokens.
+tokens (as generation does with left padding). `mask` is 1 on real completion tokens the model sampled: an
+episode's environment tokens (`Sample.loss_mask` 0) are in the sequence, attended to, and masked out of
+every loss, KL and statistic that `mask` weighs.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def validate_group(group: RolloutGroup, k: int) -> str | None:
             return f"sample {i} has no reward (not scored)"
         if len(s.logprobs) != len(s.completion_token_ids):
             return f"sample {i}: {len(s.logprobs)} log-probs for {len(s.completion_token_ids)} tokens"
+        if s.loss_mask and len(s.loss_mask) != len(s.completion_token_ids):
+            return f"sample {i}: a loss mask of {len(s.loss_mask)} for {len(s.completion_token_ids)} tokens"
     return None
 
 
@@ -64,7 +68,7 @@ def validate_group(group: RolloutGroup, k: int) -> str | None:
 class SequenceBatch:
     input_ids: torch.Tensor  # (B, P + T) long
     attention_mask: torch.Tensor  # (B, P + T) long
-    mask: torch.Tensor  # (B, T) float, real completion tokens
+    mask: torch.Tensor  # (B, T) float, completion tokens the model sampled (an episode's env tokens: 0)
     behaviour_logps: torch.Tensor  # (B, T) generator's log-probs of the sampled tokens, 0 elsewhere
     scores: torch.Tensor  # (B,) rewards
     versions: torch.Tensor  # (B,) long, policy version that sampled each sequence
@@ -138,7 +142,7 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         n_p, n_c = len(prompt), len(completion)
         input_ids[i, width_p - n_p : width_p + n_c] = torch.tensor(prompt + completion, dtype=torch.long)
         attention[i, width_p - n_p : width_p + n_c] = 1
-        mask[i, :n_c] = 1.0
+        mask[i, :n_c] = torch.tensor(list(sample.loss_mask), dtype=torch.float) if sample.loss_mask else 1.0
         behaviour[i, :n_c] = torch.tensor(list(sample.logprobs), dtype=torch.float)
         corrected_tokens[i, :n_c] = torch.tensor(corrected, dtype=torch.bool)
         token_staleness[i, :n_c] = torch.tensor(staleness, dtype=torch.long)

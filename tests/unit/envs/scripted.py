@@ -1,0 +1,45 @@
+"""Environments for the episode tests: a counter that answers every turn for three turns, and ones that
+fail in each way an environment can (raise, hang, answer garbage) at a chosen step."""
+
+from __future__ import annotations
+
+import threading
+
+
+class Counter:
+    """Observes "obs i" after turn i (a user message), done with reward 1.0 at turn 3."""
+
+    def __init__(self, turns: int = 3):
+        self.turns, self.seen = turns, 0
+
+    def reset(self, prompt: str) -> str:
+        return prompt
+
+    def step(self, action: str):
+        self.seen += 1
+        if self.seen >= self.turns:
+            return "", 1.0, True
+        return [{"role": "tool", "content": f"obs {self.seen}"}], 0.0, False
+
+
+class Raises(Counter):
+    def step(self, action: str):
+        raise RuntimeError("the sandbox died")
+
+
+HANG = threading.Event()  # never set: a step that waits on it hangs until the test process ends
+
+
+class Hangs(Counter):
+    def step(self, action: str):
+        HANG.wait()
+
+
+class Garbage(Counter):
+    def step(self, action: str):
+        return {"not": "a tuple"}
+
+
+class BadObservation(Counter):
+    def step(self, action: str):
+        return 42, 0.0, False
