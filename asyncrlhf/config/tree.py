@@ -72,6 +72,13 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _a_reward_to_train_on(self) -> Config:
+        if not self.reward.scorers and self.task.env.kind == "none":
+            raise ValueError("reward.scorers is empty: give at least one scorer (only an episode task, "
+                             "task.env, may leave it empty: its environment gives the reward)")
+        return self
+
+    @model_validator(mode="after")
     def _vllm_can_serve(self) -> Config:
         if self.generator.backend != "vllm":
             return self

@@ -90,8 +90,8 @@ class CompositeReward:
         max_completion_tokens: int | None = None,
     ):
         labels = [s.label for s in scorers]
-        if not scorers or len(set(labels)) != len(labels):
-            raise ScorerConfigError(f"need at least one scorer, with unique labels; got {labels}")
+        if len(set(labels)) != len(labels):  # none: an episode task's reward is its environment's alone
+            raise ScorerConfigError(f"scorers need unique labels; got {labels}")
         self.scorers = list(scorers)
         self.penalty = missing_eos_penalty
         self.max_completion_tokens = max_completion_tokens

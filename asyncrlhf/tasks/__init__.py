@@ -1,6 +1,7 @@
 """Prompt sources: the shipped tasks (`demo`; `varlen`, answers from one sentence to a long one,
-`tasks/varlen.py`), the user's JSONL files (`task.name: jsonl`), or Hugging Face datasets (`task.name: hf`,
-`tasks/hf.py`). A prompt is a string or a chat `messages` list."""
+`tasks/varlen.py`; `arithmetic`, questions with answers for the tool-use workload), the user's JSONL files
+(`task.name: jsonl`), or Hugging Face datasets (`task.name: hf`, `tasks/hf.py`). A prompt is a string or a
+chat `messages` list."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 from asyncrlhf.config import TaskConfig
-from asyncrlhf.tasks import demo, varlen
+from asyncrlhf.tasks import arithmetic, demo, varlen
 from asyncrlhf.tasks.hf import HFTaskError, Prompt
 
 log = logging.getLogger("asyncrlhf.tasks")
@@ -88,6 +89,10 @@ def load_task(cfg: TaskConfig) -> Task:
         return Task(train=demo.train_prompts(), eval=demo.eval_prompts())
     if cfg.name == "varlen":
         return Task(train=varlen.train_prompts(), eval=varlen.eval_prompts())
+    if cfg.name == "arithmetic":
+        train, answers, held, held_answers = arithmetic.split()
+        return Task(train=train, eval=held, train_references=list(answers),
+                    eval_references=list(held_answers))
     if cfg.name == "jsonl":
         if not cfg.train_path:
             raise TaskError(
@@ -98,7 +103,7 @@ def load_task(cfg: TaskConfig) -> Task:
         return Task(train=train, eval=held_out)
     if cfg.name == "hf":
         return _load_hf(cfg)
-    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `varlen`, `jsonl` or `hf`")
+    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `varlen`, `arithmetic`, `jsonl` or `hf`")
 
 
 def _load_hf(cfg: TaskConfig) -> Task:

@@ -43,3 +43,21 @@ class Garbage(Counter):
 class BadObservation(Counter):
     def step(self, action: str):
         return 42, 0.0, False
+
+
+class Picky(Counter):
+    """A Counter whose step raises for a prompt holding "boom", hangs for one holding "hang", and answers
+    garbage for one holding "junk": one environment class, failing for some episodes only."""
+
+    def reset(self, prompt: str) -> str:
+        self.prompt = prompt
+        return prompt
+
+    def step(self, action: str):
+        if "boom" in self.prompt:
+            raise RuntimeError("boom")
+        if "hang" in self.prompt:
+            HANG.wait()
+        if "junk" in self.prompt:
+            return "not a tuple"
+        return super().step(action)

@@ -1,10 +1,9 @@
 import pytest
 
-from asyncrlhf.config import RewardConfig, RuleScorerConfig
+from asyncrlhf.config import RewardConfig, RuleScorerConfig, load_config
 from asyncrlhf.rewards import (
     CompositeReward,
     Item,
-    ScorerConfigError,
     ScoreResult,
     WeightedScorer,
     build_reward,
@@ -91,6 +90,8 @@ def test_build_reward_from_config_labels_each_scorer(tmp_path):
 
 def test_a_reward_without_scorers_fails_clearly():
     # a scorer missing its target (rule name, model path, remote url) fails earlier, at config load:
-    # tests/unit/config/test_reward.py
-    with pytest.raises(ScorerConfigError, match="at least one scorer"):
-        build_reward(RewardConfig(scorers=[]))
+    # tests/unit/config/test_reward.py. No scorers at all is refused at config load too, unless the task is
+    # an episode task (task.env), whose environment gives the reward: tests/unit/rewards/test_env_reward.py
+    with pytest.raises(ValueError, match="reward.scorers is empty"):
+        load_config(["configs/tiny.yaml"], ["reward.scorers=[]"])
+    assert build_reward(RewardConfig(scorers=[])).score([]).scores == []
