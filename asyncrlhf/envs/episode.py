@@ -74,9 +74,12 @@ class EpisodeRunner:
         self.tokenizer, self.make_env, self.limits = tokenizer, make_env, limits
         self.system_prompt = system_prompt
 
-    def run(self, prompts: Sequence[tuple[str, str | None]], k: int, sample: Sample) -> list[list[Episode]]:
-        """k episodes of each (prompt text, reference): `out[i][j]`."""
-        groups = [[self._start(text, reference) for _ in range(k)] for text, reference in prompts]
+    def run(self, prompts: Sequence[tuple[str, str | None]], k: int | Sequence[int],
+            sample: Sample) -> list[list[Episode]]:
+        """k episodes of each (prompt text, reference) (`k` one for all, or one per prompt): `out[i][j]`."""
+        ks = [k] * len(prompts) if isinstance(k, int) else list(k)
+        groups = [[self._start(text, reference) for _ in range(n)]
+                  for (text, reference), n in zip(prompts, ks, strict=True)]
         episodes = [e for group in groups for e in group]
         while running := [e for e in episodes if not e.end]:
             room = [self._room(e) for e in running]

@@ -52,9 +52,9 @@ class EpisodeLoop(GeneratorLoop):
         started_at, start = time.time(), time.perf_counter()
         lineage = self.swap.lineage
         prompts = [(d.message.prompt, d.message.reference or None) for d, _, _ in work]
-        k = max(k for _, _, k in work)
+        ks = [k for _, _, k in work]
         try:
-            groups = self.runner.run(prompts, k, lambda contexts, n: self._turn(contexts, n, lineage))
+            groups = self.runner.run(prompts, ks, lambda contexts, n: self._turn(contexts, n, lineage))
         except Exception as err:  # the backend failed (an environment's failure ends only its episode)
             log.exception("episode batch of %d groups failed", len(work))
             for d, _, _ in work:
@@ -62,12 +62,10 @@ class EpisodeLoop(GeneratorLoop):
             self.metrics.failed_groups.inc(len(work))
             return 0
         version = PolicyVersion(lineage, self.backend.version)
-        rollouts = [episode_group(d.message, episodes[:k_group], version, self.generator_id, started_at,
-                                  time.time(), self._decode)
-                    for (d, _, k_group), episodes in zip(work, groups, strict=True)]
+        rollouts = [episode_group(d.message, episodes, version, self.generator_id, started_at, time.time(),
+                                  self._decode) for (d, _, _), episodes in zip(work, groups, strict=True)]
         self.consumer.ack([d for d, _, _ in work], rollouts, to=self.producer)
-        episodes = [e for group, (_, _, k_group) in zip(groups, work, strict=True) for e in group[:k_group]]
-        self._record_episodes(episodes, time.perf_counter() - start)
+        self._record_episodes([e for group in groups for e in group], time.perf_counter() - start)
         self.metrics.groups.inc(len(rollouts))
         return len(rollouts)
 

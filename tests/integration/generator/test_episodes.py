@@ -39,18 +39,18 @@ def test_episodes_are_written_and_a_failing_environment_ends_only_its_own(redis_
                              [process])
         push(load_policy(load_config(["configs/tiny.yaml"]).model).state_dict(), 1, [member])
         texts = ["count please", "boom now", "hang on", "junk out"]
-        groups = [PromptGroup(group_id=f"g-{i}", prompt=t, prompt_token_ids=[5, 6], k=2,
+        groups = [PromptGroup(group_id=f"g-{i}", prompt=t, prompt_token_ids=[5, 6], k=3 if i == 0 else 2,
                               enqueued_at=time.time()) for i, t in enumerate(texts)]
         RunStreams(client, run).producer(PROMPTS).add_many(groups)
         found = wait_for(lambda: rollouts_for(client, run, [g.group_id for g in groups]), "4 groups",
                          alive=[process])
         ends = {g.prompt.prompt: [s.episode_end for s in g.samples] for g in found.values()}
-        assert ends["count please"] == ["done", "done"]
+        assert ends["count please"] == ["done", "done", "done"]  # a group's own k
         assert all(e.startswith("error: step raised RuntimeError: boom") for e in ends["boom now"])
         assert all(e.startswith("timeout: step ran past") for e in ends["hang on"])
         assert all(e.startswith("malformed: step returned str") for e in ends["junk out"])
         for group in found.values():
-            assert group.policy_version == 1 and len(group.samples) == 2
+            assert group.policy_version == 1 and len(group.samples) == group.prompt.k
             assert list(group.prompt.prompt_token_ids) != [5, 6]  # the episode's own first context
             for s in group.samples:
                 assert len(s.loss_mask) == len(s.completion_token_ids) == len(s.logprobs)
@@ -59,7 +59,7 @@ def test_episodes_are_written_and_a_failing_environment_ends_only_its_own(redis_
         assert good.turns == 3 and good.env_reward == 1.0 and 0 < sum(good.loss_mask) < len(good.loss_mask)
         metrics = httpx.get(f"{process.url}/metrics").text
         assert 'asyncrlhf_generator_episodes_total{end="timeout"} 2.0' in metrics
-        assert 'asyncrlhf_generator_episodes_total{end="done"} 2.0' in metrics
+        assert 'asyncrlhf_generator_episodes_total{end="done"} 3.0' in metrics
         assert "asyncrlhf_generator_env_step_seconds_count" in metrics
         process.check_alive()
     finally:
