@@ -16,12 +16,15 @@ observation) so the template's next turn can follow. An environment that raises,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from asyncrlhf.envs import base
-from asyncrlhf.envs.base import Env, EnvFailure
+from asyncrlhf.envs.base import Env, EnvFailure, StepResult
 from asyncrlhf.envs.toolcalls import Message, ToolSpec, observation_text, render_chat
 from asyncrlhf.sampling.backend import Completion, Finish
+
+MAX_PARALLEL_STEPS = 64  # environment steps of one turn run at once, on threads
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,8 @@ Sample = Callable[[list[list[int]], int], tuple[list[Completion], int]]
 
 class EpisodeRunner:
     """Runs the episodes of a batch of prompts together: each turn, every running episode's context is one
-    prompt of a single batched `sample` call, so a slow environment step delays its batch's next turn only
-    by its own time."""
+    prompt of a single batched `sample` call, then every episode's environment steps at once (a thread
+    each), so a turn waits for its slowest step, not for the sum of them."""
 
     def __init__(self, tokenizer, make_env: Callable[[], Env], limits: EpisodeLimits,
                  system_prompt: str = ""):
@@ -85,8 +88,12 @@ class EpisodeRunner:
             room = [self._room(e) for e in running]
             budget = max(room)
             completions, version = sample([e.prompt_ids + e.token_ids for e in running], budget)
-            for episode, completion, limit in zip(running, completions, room, strict=True):
-                self._turn(episode, _cut(completion, limit), version)
+            cut = [_cut(c, limit) for c, limit in zip(completions, room, strict=True)]
+            actions = [self._take(e, c, version) for e, c in zip(running, cut, strict=True)]
+            with ThreadPoolExecutor(max_workers=min(len(running), MAX_PARALLEL_STEPS)) as pool:
+                outcomes = list(pool.map(self._step, running, actions))
+            for episode, completion, outcome in zip(running, cut, outcomes, strict=True):
+                self._turn(episode, completion, outcome, version)
         return groups
 
     def _start(self, prompt: str, reference: str | None) -> Episode:
@@ -109,14 +116,23 @@ class EpisodeRunner:
         return min(lim.max_turn_tokens, lim.max_episode_tokens - len(e.token_ids),
                    lim.max_positions - len(e.prompt_ids) - len(e.token_ids))
 
-    def _turn(self, episode: Episode, completion: Completion, version: int) -> None:
+    def _take(self, episode: Episode, completion: Completion, version: int) -> str:
+        """The model's turn into the episode; its text, the environment's action."""
         episode.append(completion.token_ids, completion.logprobs, version, model=True)
         episode.turns += 1
-        action = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+    def _step(self, episode: Episode, action: str) -> StepResult | EnvFailure:
+        """One environment step (on a pool thread: the batch's steps run at once)."""
         try:
-            result = base.step(episode.env, action, self.limits.step_timeout_s)
+            return base.step(episode.env, action, self.limits.step_timeout_s)
         except EnvFailure as err:
-            episode.end, episode.finish = err.reason, completion.finish
+            return err
+
+    def _turn(self, episode: Episode, completion: Completion, result: StepResult | EnvFailure,
+              version: int) -> None:
+        if isinstance(result, EnvFailure):
+            episode.end, episode.finish = result.reason, completion.finish
             return
         episode.step_seconds.append(result.seconds)
         episode.reward += result.reward

@@ -61,3 +61,14 @@ class Picky(Counter):
         if "junk" in self.prompt:
             return "not a tuple"
         return super().step(action)
+
+
+class Together(Counter):
+    """Steps only when `Together.barrier.parties` episodes step at the same time (a barrier they all wait
+    on): steps taken one after another break the barrier, and the episode ends with an error."""
+
+    barrier = threading.Barrier(4, timeout=10)
+
+    def step(self, action: str):
+        self.barrier.wait()
+        return super().step(action)

@@ -148,6 +148,13 @@ def test_a_failing_environment_ends_only_its_own_episode(tiny, env_cls, reason):
     assert [(e.end, e.turns, e.reward) for e in good] == [("done", 3, 1.0)] * 2
 
 
+def test_the_environment_steps_of_a_turn_run_at_once(tiny):
+    """Four episodes whose steps each wait for the other three (a barrier): they can only finish if the
+    runner steps them concurrently, not one after another."""
+    (episodes,), _ = run(tiny, scripted.Together, k=4)
+    assert [(e.end, e.turns) for e in episodes] == [("done", 3)] * 4
+
+
 def test_a_turn_cut_by_length_is_closed_by_a_masked_eos(tiny):
     """The peaked model never ends a turn by itself (it always says token 7): each turn is cut at
     max_turn_tokens and the EOS that closes it is the environment's, masked, not a sampled token."""
