@@ -108,8 +108,9 @@ class Inbox:
 
     def trained(self, batch: StepBatch, version: int) -> None:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
+        extra = {"continued": continued} if (continued := continued_of(batch)) else {}
         self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries,
-                 staleness=[s.staleness for s in batch.decisions])
+                 staleness=[s.staleness for s in batch.decisions], **extra)
 
     def settle(self, batch: StepBatch, version: int, stop: threading.Event,
                while_waiting: WhileWaiting) -> None:
@@ -247,3 +248,14 @@ class Inbox:
             self.metrics.queue_depth.labels(spec.name).set(s.length)
             self.metrics.queue_lag.labels(spec.name).set(s.lag)
         self.metrics.in_flight.set(self.feed.credits.in_flight)
+
+
+def continued_of(batch: StepBatch) -> dict[str, list[int]]:
+    """Group id -> [samples continued from tokens sampled elsewhere, those tokens] for each group of `batch`
+    that has any (continuous generation after a hand-on or a save): what the audit counts as continued."""
+    out = {}
+    for d in batch.deliveries:
+        carried = [s.continued_from for s in d.message.samples if s.continued_from]
+        if carried:
+            out[d.identity] = [len(carried), sum(carried)]
+    return out
