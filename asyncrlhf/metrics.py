@@ -58,6 +58,7 @@ GENERATOR_PROMPTS_PENDING = _metric("generator", "prompts_pending")
 GENERATOR_ENGINE_OCCUPANCY = _metric("generator", "engine_occupancy")  # continuous: running / capacity
 GENERATOR_CONTINUED_SAMPLES_TOTAL = _metric("generator", "continued_samples", "total")
 GENERATOR_HANDED_ON_SAMPLES_TOTAL = _metric("generator", "handed_on_samples", "total")
+GENERATOR_WRITTEN_TOKENS_TOTAL = _metric("generator", "written_tokens", "total")  # in groups written
 # Each service's wait (asyncrlhf.stalls.waiting): the Unix time it began, label `on`; none while it works.
 GENERATOR_WAITING_SINCE_SECONDS = _metric("generator", "waiting_since", "seconds")
 

@@ -108,9 +108,7 @@ class Inbox:
 
     def trained(self, batch: StepBatch, version: int) -> None:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
-        extra = {"continued": continued} if (continued := continued_of(batch)) else {}
-        self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries,
-                 staleness=[s.staleness for s in batch.decisions], **extra)
+        self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries, **trained_row(batch))
 
     def settle(self, batch: StepBatch, version: int, stop: threading.Event,
                while_waiting: WhileWaiting) -> None:
@@ -248,6 +246,14 @@ class Inbox:
             self.metrics.queue_depth.labels(spec.name).set(s.length)
             self.metrics.queue_lag.labels(spec.name).set(s.lag)
         self.metrics.in_flight.set(self.feed.credits.in_flight)
+
+
+def trained_row(batch: StepBatch) -> dict:
+    """What a trained row records beyond the ids: each group's staleness, and its continued samples."""
+    row: dict = {"staleness": [s.staleness for s in batch.decisions]}
+    if continued := continued_of(batch):
+        row["continued"] = continued
+    return row
 
 
 def continued_of(batch: StepBatch) -> dict[str, list[int]]:
