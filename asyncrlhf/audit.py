@@ -59,6 +59,7 @@ from asyncrlhf.streams import (
     RunStreams,
     connect,
 )
+from asyncrlhf.streams.names import group_of_identity
 
 FLOW_STREAMS = tuple(spec.name for spec, _ in FLOW)
 USAGE = """usage: asyncrlhf audit RUN_DIR [key=value ...]
@@ -263,7 +264,8 @@ def audit_run(cfg: Config, client) -> Audit:
     enqueued = int(client.get(streams.key(FEED_CURSOR)) or 0)
     dead = [(d.stream, d.identity, d.reason) for d in streams.dead_letters(count=None)]
     in_flight = {
-        name: {f.get(ID_FIELD, b"").decode(errors="replace") for _, f in client.xrange(streams.key(name))}
+        name: {group_of_identity(f.get(ID_FIELD, b"").decode(errors="replace"))
+               for _, f in client.xrange(streams.key(name))}
         for name in FLOW_STREAMS
     }
     finished = False

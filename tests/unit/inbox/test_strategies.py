@@ -71,6 +71,16 @@ def test_bounded_takes_the_first_admitted_groups_in_id_order_and_skips_dropped_o
     assert strategy.holding() == set()
 
 
+def test_bounded_never_takes_a_group_twice_into_one_step():
+    """A collect longer than redis.claim_idle_ms re-claims the learner's own pending entries: the same group
+    read again (same entry, or another entry of it) is held, not trained twice in one step (a chaos run
+    under load trained g00000085 twice in one step before this)."""
+    again = delivery(3, 3)
+    desk = Desk(Bounded(learner("bound")), [delivery(3, 3), again, delivery(1, 3)], in_flight=3)
+    batch = collect(desk, 3)
+    assert batch is not None and batch.ids() == ["g00000001", "g00000003"]
+
+
 def test_bounded_stops_when_the_prompt_set_is_exhausted_and_nothing_is_in_flight():
     desk = Desk(Bounded(learner("bound")), [], in_flight=0)
     desk.exhausted = True
