@@ -116,7 +116,7 @@ def hop_seconds(tensors: dict[str, torch.Tensor], repeats: int, directory: Path)
             save_file(tensors, str(path))
             loaded = load_file(str(path))
             for t in loaded.values():
-                xxhash.xxh3_64_intdigest(t.reshape(-1).view(torch.uint8).numpy())
+                xxhash.xxh3_64_intdigest(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
             path.unlink()
             file_s.append(time.perf_counter() - start)
     finally:
