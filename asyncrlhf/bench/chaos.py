@@ -136,6 +136,8 @@ def main(argv: list[str]) -> int:
                 continue
             if reading is not None:
                 ledger.kills.append(reading)
+            elif args.tokens and kind == "generator" and sig == signal.SIGKILL:
+                ledger.unread += 1
             kills[kind] += 1
             print(f"  {time.monotonic() - started:7.1f} s  {sig.name} {kind} (pid {victim})", flush=True)
         code = up.wait(timeout=max(1.0, args.timeout - (time.monotonic() - started)))
@@ -178,7 +180,8 @@ def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, secon
         print(f"  tokens: {tokens['tokens_sampled']} sampled, {tokens['tokens_written']} written, "
               f"{tokens['tokens_in_flight_at_end']} in flight at the end: {tokens['tokens_regenerated']} "
               f"sampled twice, {tokens['regenerated_per_sample_in_flight']:.1f} per sample in flight at a "
-              f"kill (bound: save_every_tokens {tokens['bound_per_sample']}); continued samples "
+              f"kill (bound: save_every_tokens {tokens['bound_per_sample']}; {tokens['unread_kills']} kills "
+              "unread); continued samples "
               f"{audit.continued['samples']}")
     print(json.dumps(result), flush=True)
     return 0 if code == 0 and steps >= cfg.learner.total_steps and audit.ok else 1

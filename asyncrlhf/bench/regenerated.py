@@ -45,6 +45,7 @@ class KillReading:
 @dataclass
 class TokenLedger:
     kills: list[KillReading] = field(default_factory=list)
+    unread: int = 0  # kills whose generator did not answer the read before it: the figure errs low
     stopped_sampled: int = 0  # the processes that stopped by themselves (their log line)
     stopped_written: int = 0
     in_flight_at_end: int = 0
@@ -67,7 +68,7 @@ class TokenLedger:
                 "tokens_in_flight_at_end": self.in_flight_at_end, "tokens_regenerated": int(self.regenerated),
                 "samples_in_flight_at_kills": int(in_flight),
                 "regenerated_per_sample_in_flight": self.regenerated / in_flight if in_flight else 0.0,
-                "bound_per_sample": save_every_tokens}
+                "bound_per_sample": save_every_tokens, "unread_kills": self.unread}
 
 
 def read_before_kill(pid: int, capacity: int, timeout_s: float = 2.0) -> KillReading | None:

@@ -45,6 +45,7 @@ class Bounded:
                 if verdict.action is Action.TRAIN and verdict.decision is not None:
                     batch.deliveries.append(delivery)
                     batch.decisions.append(verdict.decision)
+            desk.keep(batch.deliveries)  # not re-claimed (nor dead-lettered as undeliverable) while we wait
         self._batch = StepBatch()
         return batch.sorted()
 

@@ -40,6 +40,7 @@ from asyncrlhf.streams import (
     Delivery,
     RunStreams,
 )
+from asyncrlhf.streams.consumer import Keeper
 from asyncrlhf.training.checkpoint import LearnerState
 from asyncrlhf.version import PolicyVersion
 
@@ -73,6 +74,7 @@ class Inbox:
         self.rules = Rules(cfg.generator.samples_per_prompt, lc.max_staleness, lc.stale_policy)
         self._unreleased: list[str] = []  # trained, credits freed by `release` after the push
         self._awaiting: tuple[int, Callable[[], bool]] | None = None  # a push in flight (`release_when`)
+        self.keep = Keeper(self.consumer, cfg.redis.claim_idle_ms).keep  # a step's reads, while it collects
 
     @property
     def known_cursor(self) -> int:

@@ -40,8 +40,9 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "3", "--kills", "3",
            "--redis-kills", "0", "--kinds", "generator", "--signal", sig, "--tokens", "--every", "6,9",
            "--root", str(tmp_path), "--timeout", "900", "generator.backend=vllm", "generator.mode=continuous",
-           "model.tiny.heads=2", f"model.cache_dir={tmp_path}/cache", "generator.sampling.max_new_tokens=48",
-           f"generator.save_every_tokens={every}", "learner.total_steps=40", "learner.checkpoint_every=10"]
+           "model.tiny.heads=2", f"model.cache_dir={tmp_path}/cache", "generator.sampling.max_new_tokens=160",
+           f"generator.save_every_tokens={every}", "learner.max_staleness=3",  # generation is the bottleneck:
+           "learner.total_steps=25", "learner.checkpoint_every=10"]  # kills find samples in flight
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     out = done.stdout + done.stderr
@@ -54,5 +55,8 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
         assert result["tokens_regenerated"] == 0, out[-4000:]
     else:
         in_flight = result["samples_in_flight_at_kills"]
-        # the read before a kill can miss the last engine step: one token per running sample
-        assert -in_flight <= result["tokens_regenerated"] <= every * in_flight, out[-4000:]
+        # the read before a kill can miss the last engine step (one token per running sample); a generator
+        # that did not answer it (busy on 2 shared cores) is not counted: then the figure only errs low
+        assert result["tokens_regenerated"] <= every * in_flight, out[-4000:]
+        if not result["unread_kills"]:
+            assert -in_flight <= result["tokens_regenerated"], out[-4000:]

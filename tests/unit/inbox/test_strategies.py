@@ -42,6 +42,9 @@ class Desk:
         out, self.arriving = self.arriving[:n], self.arriving[n:]
         return out
 
+    def keep(self, deliveries) -> None:
+        self.kept = [d.identity for d in deliveries]
+
     def receive(self, d: Delivery, version: int, window=None, held=frozenset()):
         rules = Rules(K, max_staleness=1, stale_policy="drop", window=window)
         known = Known(frozenset(), held=held)
@@ -79,6 +82,7 @@ def test_bounded_never_takes_a_group_twice_into_one_step():
     desk = Desk(Bounded(learner("bound")), [delivery(3, 3), again, delivery(1, 3)], in_flight=3)
     batch = collect(desk, 3)
     assert batch is not None and batch.ids() == ["g00000001", "g00000003"]
+    assert desk.kept == ["g00000003", "g00000001"]  # the batch's entries are kept from re-claim meanwhile
 
 
 def test_bounded_stops_when_the_prompt_set_is_exhausted_and_nothing_is_in_flight():
