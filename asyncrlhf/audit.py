@@ -47,9 +47,19 @@ from pathlib import Path
 
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
-from asyncrlhf.consumed import ENDINGS, History, Kind, history_of, read_rows
+from asyncrlhf.consumed import ENDINGS, History, Kind, ended_ids, history_of, read_rows
 from asyncrlhf.inbox.ids import enqueued_below, group_id
-from asyncrlhf.streams import EVENTS, FEED_CURSOR, FLOW, ID_FIELD, PAYLOAD_FIELD, RunStreams, connect
+from asyncrlhf.streams import (
+    EVENTS,
+    FEED_CURSOR,
+    FLOW,
+    ID_FIELD,
+    PARTIALS,
+    PAYLOAD_FIELD,
+    RunStreams,
+    connect,
+)
+from asyncrlhf.streams.names import group_of_identity
 
 FLOW_STREAMS = tuple(spec.name for spec, _ in FLOW)
 USAGE = """usage: asyncrlhf audit RUN_DIR [key=value ...]
@@ -80,6 +90,11 @@ class Audit:
     updates_lost: list[str] = field(default_factory=list)  # trained only outside the final history
     requeued_in_flight: int = 0  # enqueued again at a learner start, still in flight (beyond the bound)
     lineages: list[dict] = field(default_factory=list)  # per lineage: origin, groups trained, kept in history
+    # continuous generation: trained groups (final history) with samples continued from tokens sampled
+    # elsewhere (a hand-on or a save), those samples, and the tokens they carried over
+    continued: dict[str, int] = field(default_factory=lambda: {"groups": 0, "samples": 0, "tokens": 0})
+    saved_progress: dict[str, int] = field(default_factory=dict)  # saved partials: in flight / ended
+    saved_unknown: list[str] = field(default_factory=list)  # progress saved for a group never enqueued
 
     @property
     def over_bound(self) -> bool:
@@ -89,7 +104,7 @@ class Audit:
     @property
     def ok(self) -> bool:
         return not (self.lost or self.trained_twice or self.conflicting or self.unknown or self.over_bound
-                    or self.updates_lost)
+                    or self.updates_lost or self.saved_unknown)
 
     def summary(self) -> dict:
         return {
@@ -110,6 +125,9 @@ class Audit:
             "foreign_dead_letters": self.foreign_dead_letters,
             "updates_lost": self.updates_lost,
             "lineages": self.lineages,
+            "continued": self.continued,
+            "saved_progress": self.saved_progress,
+            "saved_unknown": self.saved_unknown,
         }
 
 
@@ -151,6 +169,10 @@ def account(
             ended.setdefault(gid, set()).add(kind)
             if kind == Kind.TRAINED:
                 trained[gid] += 1
+        for samples, tokens in row.get("continued", {}).values() if kind == Kind.TRAINED else ():
+            audit.continued["groups"] += 1
+            audit.continued["samples"] += samples
+            audit.continued["tokens"] += tokens
     audit.lineages = _lineages(rows, history)
     reasons: Counter[str] = Counter()
     for stream, gid, reason in dead_letters:
@@ -187,7 +209,20 @@ def account(
     # Strict: a group logged as trained must end trained in the final history (or still be on its way
     # there); one dropped or dead-lettered after its update was lost is an update lost too.
     audit.updates_lost = sorted(g for g in outside if g not in trained and g not in still)
+
     audit.lost = [g for g in audit.lost if g not in audit.updates_lost]  # reported once, as an update lost
+    return audit
+
+
+def account_saved(audit: Audit, saved: Iterable[str], rows: list[dict], enqueued: int) -> Audit:
+    """Add to `audit` the progress continuous generators saved that Redis still holds (`saved`: group ids):
+    a group in flight, or one a crash left between its write and the forget (harmless, never read again).
+    Progress saved for a group the learner never enqueued (`enqueued`: the feed cursor) is a failure."""
+    ids = set(saved)
+    audit.saved_unknown = sorted(g for g in ids if not enqueued_below(g, enqueued))
+    ended = ended_ids(rows, history_of(rows))
+    known = ids - set(audit.saved_unknown)
+    audit.saved_progress = {"in_flight": len(known - ended), "ended": len(known & ended)}
     return audit
 
 
@@ -229,7 +264,8 @@ def audit_run(cfg: Config, client) -> Audit:
     enqueued = int(client.get(streams.key(FEED_CURSOR)) or 0)
     dead = [(d.stream, d.identity, d.reason) for d in streams.dead_letters(count=None)]
     in_flight = {
-        name: {f.get(ID_FIELD, b"").decode(errors="replace") for _, f in client.xrange(streams.key(name))}
+        name: {group_of_identity(f.get(ID_FIELD, b"").decode(errors="replace"))
+               for _, f in client.xrange(streams.key(name))}
         for name in FLOW_STREAMS
     }
     finished = False
@@ -243,8 +279,10 @@ def audit_run(cfg: Config, client) -> Audit:
     bound = (cfg.learner.max_staleness + 1) * cfg.learner.groups_per_step
     consumed = read_rows(cfg.run.path)
     enqueued_by_end = int(client.get(streams.key(FEED_CURSOR)) or 0)  # a live learner went on meanwhile
-    return account(enqueued, consumed, dead, in_flight, finished=finished, credit_bound=bound,
-                   enqueued_by_end=enqueued_by_end)
+    audit = account(enqueued, consumed, dead, in_flight, finished=finished, credit_bound=bound,
+                    enqueued_by_end=enqueued_by_end)
+    saved = [k.decode(errors="replace") for k in client.hkeys(streams.key(PARTIALS))]
+    return account_saved(audit, saved, consumed, max(enqueued, enqueued_by_end))
 
 
 def connect_for_audit(cfg: Config, stack: ExitStack):
@@ -290,8 +328,15 @@ def format_audit(audit: Audit, run: str) -> str:
         lines.append(f"  lineage {e['lineage']:<3} {origin}: trained {e['trained']} groups up to version "
                      f"{e['last_version']}, {e['in_final_history']} in the final model, "
                      f"{e['requeued']} enqueued again (update or entry lost)")
+    c = audit.continued
+    if c["samples"] or audit.saved_progress.get("in_flight") or audit.saved_progress.get("ended"):
+        lines.append(f"  continued      {c['samples']} samples in {c['groups']} trained groups carried "
+                     f"{c['tokens']} tokens sampled elsewhere; saved progress: "
+                     f"{audit.saved_progress.get('in_flight', 0)} groups in flight, "
+                     f"{audit.saved_progress.get('ended', 0)} ended (a crash between write and forget)")
     problems = [
         ("LOST (enqueued, never ended, in no stream)", audit.lost),
+        ("PROGRESS SAVED FOR A GROUP NEVER ENQUEUED", audit.saved_unknown),
         ("UPDATE LOST (trained only outside the final model's history)", audit.updates_lost),
         ("TRAINED TWICE", audit.trained_twice),
         ("ENDED IN TWO WAYS", audit.conflicting),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -44,7 +45,39 @@ def find_redis_server() -> str:
     )
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (bind to 0, a connect's local end); Linux's default
+    where the range cannot be read."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a process to listen on later. Picked below the kernel's ephemeral range: a port
+    the kernel hands out itself (bind to 0, the local end of any outgoing connection) could be taken between
+    this probe and the later bind, as a CI run saw (a learner's gloo store, or a connection to Redis, took
+    the HTTP port its launcher had picked: 'Address already in use'). Never the same port twice from one
+    process. Falls back to a kernel-picked port where the range below is too small."""
+    low, _ = ephemeral_ports()
+    rng = random.SystemRandom()
+    if low > 11024:
+        for _ in range(64):
+            port = rng.randrange(10000, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -48,11 +48,22 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--every", default="4,8", help="seconds between kills: MIN,MAX")
     parser.add_argument("--root", default="runs", help="the run goes to ROOT/chaos-<seed>")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on the run after this long")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"the services to kill, comma-separated from {', '.join(KINDS)} (Redis: "
+                        "--redis-kills)")
+    parser.add_argument("--signal", choices=("kill", "term"), default="kill",
+                        help="SIGKILL (no warning) or SIGTERM (a scale-down: the service stops cleanly)")
+    parser.add_argument("--tokens", action="store_true",
+                        help="continuous generators: count the tokens sampled twice (asyncrlhf.bench."
+                        "regenerated): each generator's counters are read just before it is killed")
     argv = [f"--config={a}" if a.endswith((".yaml", ".yml")) and "=" not in a else a for a in argv]
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if bad:
         parser.error(f"unknown arguments {bad}: overrides are key=value")
+    args.kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not args.kinds or set(args.kinds) - set(KINDS):
+        parser.error(f"--kinds: choose from {', '.join(KINDS)}")
     return args, overrides
 
 
@@ -75,7 +86,14 @@ def trained_steps(run_dir: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
+    from asyncrlhf.bench.regenerated import TokenLedger, read_before_kill
+    from asyncrlhf.config import load_config
+
     args, overrides = parse(list(argv))
+    g = load_config([args.config], [*DEFAULTS, *overrides]).generator
+    capacity = g.max_running_samples or g.batch_prompts * g.samples_per_prompt
+    ledger = TokenLedger()
+    sig = signal.SIGKILL if args.signal == "kill" else signal.SIGTERM
     low, high = (float(x) for x in args.every.split(","))
     rng = random.Random(args.seed)
     run_name = f"chaos-{args.seed}"
@@ -105,25 +123,32 @@ def main(argv: list[str]) -> int:
                 time.sleep(0.2)
             if up.poll() is not None:
                 break
-            kind = "redis" if i in redis_at else rng.choice(KINDS)
+            kind = "redis" if i in redis_at else rng.choice(args.kinds)
             live = targets(run_name, log_path, kind)
             if not live:  # it is restarting right now
                 continue
             victim = rng.choice(sorted(live))
+            reading = (read_before_kill(victim, capacity)
+                       if args.tokens and kind == "generator" and sig == signal.SIGKILL else None)
             try:
-                os.kill(victim, signal.SIGKILL)
+                os.kill(victim, sig)
             except ProcessLookupError:
                 continue
+            if reading is not None:
+                ledger.kills.append(reading)
+            elif args.tokens and kind == "generator" and sig == signal.SIGKILL:
+                ledger.unread += 1
             kills[kind] += 1
-            print(f"  {time.monotonic() - started:7.1f} s  SIGKILL {kind} (pid {victim})", flush=True)
+            print(f"  {time.monotonic() - started:7.1f} s  {sig.name} {kind} (pid {victim})", flush=True)
         code = up.wait(timeout=max(1.0, args.timeout - (time.monotonic() - started)))
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         os.killpg(up.pid, signal.SIGTERM)
         code = up.wait()
-    return report(args, run_dir, log_path, kills, code, time.monotonic() - started)
+    return report(args, run_dir, log_path, kills, code, time.monotonic() - started, ledger)
 
 
-def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, seconds: float) -> int:
+def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, seconds: float,
+           ledger) -> int:
     from asyncrlhf.audit import audit_run, connect_for_audit, load_audit_config
     from asyncrlhf.training.checkpoint import latest_version
 
@@ -134,13 +159,16 @@ def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, secon
     version = latest_version(cfg)
     steps = (version or 1) - 1
     with ExitStack() as stack:
-        audit = audit_run(cfg, connect_for_audit(cfg, stack))
+        client = connect_for_audit(cfg, stack)
+        audit = audit_run(cfg, client)
+        tokens = token_figures(args, cfg, client, ledger) if args.tokens else {}
     result = {
         "seed": args.seed, "up_exit": code, "seconds": round(seconds, 1), "kills": dict(kills),
         "restarts": restarts, "redis_restarts": _count(log_path, "Redis exited"),
         "steps": steps, "total_steps": cfg.learner.total_steps, "lineages": len(audit.lineages),
         "audit_ok": audit.ok, "lost": len(audit.lost), "trained_twice": len(audit.trained_twice),
         "updates_lost": len(audit.updates_lost), "in_flight": audit.in_flight_total,
+        "continued": audit.continued, **tokens,
     }
     print(f"bench chaos seed {args.seed}: `up` exit {code} after {seconds:.0f} s; steps {steps}/"
           f"{cfg.learner.total_steps}; kills {dict(kills)}; restarts {restarts} (Redis "
@@ -148,9 +176,26 @@ def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, secon
     print(f"  audit: {'OK' if audit.ok else 'FAILED'}: lost {len(audit.lost)}, trained twice "
           f"{len(audit.trained_twice)}, updates lost {len(audit.updates_lost)}, in flight "
           f"{audit.in_flight_total}")
+    if tokens:
+        print(f"  tokens: {tokens['tokens_sampled']} sampled, {tokens['tokens_written']} written, "
+              f"{tokens['tokens_in_flight_at_end']} in flight at the end: {tokens['tokens_regenerated']} "
+              f"sampled twice, {tokens['regenerated_per_sample_in_flight']:.1f} per sample in flight at a "
+              f"kill (bound: save_every_tokens {tokens['bound_per_sample']}; {tokens['unread_kills']} kills "
+              "unread); continued samples "
+              f"{audit.continued['samples']}")
     print(json.dumps(result), flush=True)
     return 0 if code == 0 and steps >= cfg.learner.total_steps and audit.ok else 1
 
 
 def _count(path: Path, text: str) -> int:
     return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+
+def token_figures(args, cfg, client, ledger) -> dict:
+    from asyncrlhf.bench.regenerated import add_stopped, in_flight_tokens
+    from asyncrlhf.consumed import ended_ids, history_of, read_rows
+
+    add_stopped(ledger, cfg.run.path / "logs")
+    rows = read_rows(cfg.run.path)
+    ledger.in_flight_at_end = in_flight_tokens(client, cfg.run.name, ended_ids(rows, history_of(rows)))
+    return ledger.summary(cfg.generator.save_every_tokens)

@@ -1,5 +1,7 @@
 """`asyncrlhf bench generator --config C.yaml [--backend vllm --backend hf] [--prompts N] [--repeats R]
-[--json] [overrides]`
+[--json] [overrides]` (`--modes`: continuous against batch mode, `bench.modes`; `--push`: step-to-serve into
+an engine out of process, shared memory against a file, `bench.enginepush`; `--delta`: delta pushes with
+full fine-tuning, `bench.deltas`)
 
 Tokens/s of the generator service against the bare backend call, on the same prompts, in one run; with
 several `--backend`s, each is measured in turn on the same model and prompts and printed side by side, with
@@ -287,6 +289,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--modes", action="store_true",
                         help="instead: tokens/s of continuous against batch mode on one vLLM engine "
                              "(asyncrlhf.bench.modes)")
+    parser.add_argument("--push", action="store_true",
+                        help="instead: step-to-serve of full pushes into a vLLM engine in processes of its "
+                             "own, shared-memory handoff against a file (asyncrlhf.bench.enginepush)")
+    parser.add_argument("--delta", action="store_true",
+                        help="instead: what delta pushes send with full fine-tuning, --repeats steps "
+                             "(asyncrlhf.bench.deltas)")
     args, rest = parser.parse_known_args(list(argv))
     if args.api_requests < 0:
         parser.error(f"--api-requests must be 0 or more, got {args.api_requests}")
@@ -297,6 +305,19 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as err:
         print(f"asyncrlhf bench generator: {err}", file=sys.stderr)
         return 2
+    if args.delta:
+        from asyncrlhf.bench import deltas
+
+        measured = deltas.measure(configs[0], args.repeats)
+        print(json.dumps(measured) if args.json else "\n".join(deltas.report(measured)))
+        return 0
+    if args.push:
+        from asyncrlhf.bench.enginepush import compare as compare_pushes
+        from asyncrlhf.bench.enginepush import report as push_report
+
+        pushes = compare_pushes(configs[0], args.repeats)
+        print(json.dumps(pushes) if args.json else "\n".join(push_report(pushes)))
+        return 0
     if args.modes:
         from asyncrlhf.bench.modes import compare, report
 

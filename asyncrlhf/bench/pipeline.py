@@ -29,13 +29,16 @@ from asyncrlhf.config import load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, rows_of
 
-RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2}  # name -> max_staleness (None: no services)
+# name -> max_staleness (None: no services)
+RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1}
+CONTINUOUS = {"cont1"}  # runs made with generator.mode=continuous (the others: the config's mode)
 TARGET_SYNC_VS_INPROCESS = 1.1  # sync s/step <= 1.1x inprocess
 TARGET_ASYNC_SPEEDUP = 1.2  # async1 >= 1.2x faster than inprocess
 
 
 def run_overrides(overrides: list[str], name: str, staleness: int, steps: int, root: Path) -> list[str]:
-    return [*overrides, f"learner.max_staleness={staleness}", f"learner.total_steps={steps}",
+    mode = ["generator.mode=continuous"] if name.split("-")[0] in CONTINUOUS else []
+    return [*overrides, *mode, f"learner.max_staleness={staleness}", f"learner.total_steps={steps}",
             f"run.name=bench-{name}", f"run.dir={root / name}", "launch.evaluator=false",
             f"learner.checkpoint_every={max(1, steps // 2)}", "learner.keep_checkpoints=10",
             "redis.persist=false"]
@@ -73,9 +76,17 @@ def run_one(files: list[str], overrides: list[str], name: str, steps: int, root:
     rows = rows_of(cfg.run.path, Kind.TRAINED)
     span = rows[-1]["at"] - rows[0]["at"]
     elapsed = rows[-1]["at"] - summary["started_at"]
-    breakdown = service_breakdown(summary["final_metrics"], len(rows))
+    final = summary["final_metrics"]
+    breakdown = service_breakdown(final, len(rows))
+    if cfg.generator.mode == "continuous":  # groups overlap: their summed durations are not generation time
+        breakdown["generation"] = (elapsed - breakdown["generator_idle"] * len(rows)) / len(rows)
+    trained_tokens = sum(v.get(names.LEARNER_TOKENS_TOTAL, 0.0) for k, v in final.items()
+                         if k.startswith("learner"))
+    generated = sum(v.get(names.GENERATOR_TOKENS_TOTAL, 0.0) for k, v in final.items()
+                    if k.startswith("generator"))
     return {
         "name": name, "cfg": cfg, "s_per_step": span / max(1, len(rows) - 1), "breakdown": breakdown,
+        "trained_tokens_per_s": trained_tokens / elapsed, "generated_tokens_per_s": generated / elapsed,
         "generator_idle_fraction": breakdown["generator_idle"] * len(rows) / elapsed,
         "learner_wait_fraction": breakdown["learner_wait"] * len(rows) / elapsed,
         "step_times": {r["version"]: r["at"] - summary["started_at"] for r in rows},
@@ -147,7 +158,9 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
         {"name": r["name"], "backend": r["cfg"].generator.backend, "s_per_step": r["s_per_step"],
          "gold": r["gold"], "breakdown": r["breakdown"],
          "generator_idle_fraction": r["generator_idle_fraction"],
-         "learner_wait_fraction": r["learner_wait_fraction"]} for r in runs]}
+         "learner_wait_fraction": r["learner_wait_fraction"],
+         "trained_tokens_per_s": r.get("trained_tokens_per_s", 0.0),
+         "generated_tokens_per_s": r.get("generated_tokens_per_s", 0.0)} for r in runs]}
     for r in runs:  # the flat keys of the first backend's runs (names without a suffix, or the first one's)
         key = r["name"].split("-")[0]
         if f"{key}_s_per_step" not in result:
@@ -159,6 +172,12 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
         if name.startswith("async"):
             b = r["breakdown"]
             result.setdefault("overlap_limit_s_per_step", {})[name] = max(b["generation"], b["training"])
+    for name, r in by_name.items():
+        batch = by_name.get("async1" + name[len(name.split("-")[0]):])
+        if name.split("-")[0] in CONTINUOUS and batch is not None:
+            result.setdefault("continuous_vs_async1", {})[name] = {
+                "trained_tokens_per_s": r["trained_tokens_per_s"] / batch["trained_tokens_per_s"],
+                "generated_tokens_per_s": r["generated_tokens_per_s"] / batch["generated_tokens_per_s"]}
     if "sync_s_per_step" in result:
         for key in ("async1", "async2"):
             if f"{key}_s_per_step" in result:
@@ -212,11 +231,17 @@ def print_table(result: dict) -> None:
     short = {"generation": "gen", "scoring": "score", "training": "train", "publish": "pub",
              "learner_wait": "wait", "generator_idle": "idle"}
     print(f"{'run':<16}{'s/step':>8}{'gold':>8}  " + "".join(f"{short.get(p, p):>7}" for p in phases)
-          + "   (seconds per step)")
+          + "   (seconds per step)" + f"{'train tok/s':>13}{'gen tok/s':>11}{'wait %':>8}{'idle %':>8}")
     for r in result["runs"]:
         b = r["breakdown"]
         print(f"{r['name']:<16}{r['s_per_step']:>8.2f}{r['gold']:>8.3f}  "
-              + "".join(f"{b[p]:>7.2f}" if p in b else f"{'-':>7}" for p in phases))
+              + "".join(f"{b[p]:>7.2f}" if p in b else f"{'-':>7}" for p in phases) + " " * 21
+              + f"{r.get('trained_tokens_per_s', 0):>13.1f}{r.get('generated_tokens_per_s', 0):>11.1f}"
+              + f"{100 * r.get('learner_wait_fraction', 0):>8.1f}"
+              + f"{100 * r.get('generator_idle_fraction', 0):>8.1f}")
+    for name, ratios in result.get("continuous_vs_async1", {}).items():
+        print(f"{name} / async1: trained tokens/s {ratios['trained_tokens_per_s']:.2f}x, generated tokens/s "
+              f"{ratios['generated_tokens_per_s']:.2f}x")
     for name, ratio in result.get("vs_inprocess", {}).items():
         print(f"{name}: {ratio:.2f}x the in-process s/step ({1 / ratio:.2f}x its speed)")
     for name, limit in result.get("overlap_limit_s_per_step", {}).items():

@@ -102,6 +102,12 @@ class VLLMConfig(Section):
         "MULTIPROCESSING=0) instead of a process of its own. None: true on CPU (the separate engine process "
         "busy-polls a core, which a small host needs for the model: docs/benchmarks.md), false on GPU (the "
         "separate process overlaps scheduling with the GPU's work).")
+    handoff: Literal["auto", "shm", "file"] = Field(
+        "auto", description="An engine in processes of its own: how a verified push reaches its workers. "
+        "`shm`: one shared-memory segment rewritten per version, checked by the workers before they load "
+        "it (no file per version); `file`: a safetensors file per version in the work directory; auto: "
+        "shm where /dev/shm is writable, else file. An engine in the generator's process takes the "
+        "tensors themselves.")
     inflight_kv: Literal["keep", "recompute"] = Field(
         "keep", description="Continuous mode: after a push, sequences in flight keep the KV cache the old "
         "weights computed (`keep`, PipelineRL's choice: no recompute) or are prefilled again under the new "

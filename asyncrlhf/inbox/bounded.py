@@ -38,10 +38,14 @@ class Bounded:
                 log.info("the prompt set is exhausted (learner.data_epochs=%d)", self.lc.data_epochs)
                 return None
             for delivery in desk.read(wanted - len(batch.deliveries)):
-                verdict = desk.receive(delivery, version)
+                # an entry of this batch read again (a collect longer than redis.claim_idle_ms re-claims the
+                # learner's own pending entries), or another entry of a group already in it: held, not
+                # trained twice in one step (a chaos run under load trained g85 twice in one step)
+                verdict = desk.receive(delivery, version, held=frozenset(batch.ids()))
                 if verdict.action is Action.TRAIN and verdict.decision is not None:
                     batch.deliveries.append(delivery)
                     batch.decisions.append(verdict.decision)
+            desk.keep(batch.deliveries)  # not re-claimed (nor dead-lettered as undeliverable) while we wait
         self._batch = StepBatch()
         return batch.sorted()
 

@@ -40,6 +40,7 @@ from asyncrlhf.streams import (
     Delivery,
     RunStreams,
 )
+from asyncrlhf.streams.consumer import Keeper
 from asyncrlhf.training.checkpoint import LearnerState
 from asyncrlhf.version import PolicyVersion
 
@@ -73,6 +74,7 @@ class Inbox:
         self.rules = Rules(cfg.generator.samples_per_prompt, lc.max_staleness, lc.stale_policy)
         self._unreleased: list[str] = []  # trained, credits freed by `release` after the push
         self._awaiting: tuple[int, Callable[[], bool]] | None = None  # a push in flight (`release_when`)
+        self.keep = Keeper(self.consumer, cfg.redis.claim_idle_ms).keep  # a step's reads, while it collects
 
     @property
     def known_cursor(self) -> int:
@@ -108,8 +110,7 @@ class Inbox:
 
     def trained(self, batch: StepBatch, version: int) -> None:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
-        self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries,
-                 staleness=[s.staleness for s in batch.decisions])
+        self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries, **trained_row(batch))
 
     def settle(self, batch: StepBatch, version: int, stop: threading.Event,
                while_waiting: WhileWaiting) -> None:
@@ -247,3 +248,22 @@ class Inbox:
             self.metrics.queue_depth.labels(spec.name).set(s.length)
             self.metrics.queue_lag.labels(spec.name).set(s.lag)
         self.metrics.in_flight.set(self.feed.credits.in_flight)
+
+
+def trained_row(batch: StepBatch) -> dict:
+    """What a trained row records beyond the ids: each group's staleness, and its continued samples."""
+    row: dict = {"staleness": [s.staleness for s in batch.decisions]}
+    if continued := continued_of(batch):
+        row["continued"] = continued
+    return row
+
+
+def continued_of(batch: StepBatch) -> dict[str, list[int]]:
+    """Group id -> [samples continued from tokens sampled elsewhere, those tokens] for each group of `batch`
+    that has any (continuous generation after a hand-on or a save): what the audit counts as continued."""
+    out = {}
+    for d in batch.deliveries:
+        carried = [s.continued_from for s in d.message.samples if s.continued_from]
+        if carried:
+            out[d.identity] = [len(carried), sum(carried)]
+    return out

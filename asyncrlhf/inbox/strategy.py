@@ -8,7 +8,7 @@ A strategy reads and waits; the inbox admits, ends groups and keeps house (`Desk
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +51,8 @@ class Desk(Protocol):
     def tick(self, version: int, while_waiting: WhileWaiting) -> None: ...
 
     def read(self, n: int) -> list[Delivery]: ...
+
+    def keep(self, deliveries: Sequence[Delivery]) -> None: ...
 
     def receive(self, delivery: Delivery, version: int, window: int | None = None,
                 held: Set[str] = frozenset()) -> Verdict: ...

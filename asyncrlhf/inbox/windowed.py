@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import KeysView, Set
 
 from asyncrlhf.algorithms import generates, generating_version, staleness_decision
@@ -23,7 +22,7 @@ from asyncrlhf.config.learner import LearnerBase
 from asyncrlhf.inbox.admission import Action
 from asyncrlhf.inbox.strategy import Desk, StepBatch, WhileWaiting
 from asyncrlhf.streams import Consumer, Delivery
-from asyncrlhf.streams.consumer import hold
+from asyncrlhf.streams.consumer import Keeper
 
 log = logging.getLogger("asyncrlhf.learner")
 
@@ -50,10 +49,8 @@ class HeldGroups:
     """Admitted groups not trained yet, by group id."""
 
     def __init__(self, consumer: Consumer, claim_idle_ms: int):
-        self.consumer = consumer
-        self.keep_every_s = claim_idle_ms / 4000
+        self.keeper = Keeper(consumer, claim_idle_ms)
         self._held: dict[str, Delivery] = {}
-        self._kept = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._held)
@@ -74,10 +71,7 @@ class HeldGroups:
 
     def keep(self) -> None:
         """Reset the held entries' idle time, well before `claim_idle_ms` would let them be re-claimed."""
-        now = time.monotonic()
-        if now - self._kept >= self.keep_every_s:
-            hold(self.consumer, list(self._held.values()))
-            self._kept = now
+        self.keeper.keep(list(self._held.values()))
 
 
 class Windowed:

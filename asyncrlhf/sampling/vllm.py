@@ -17,8 +17,11 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   `Backend.score_tokens` on both backends.
 - Full-weight pushes: every worker loads the tensors through vLLM's own in-place `reload_weights`
   (`vllm_engine.WeightLoaderExtension`): handed over as they are to an engine in this process (the default
-  on CPU), else through a safetensors file in the backend's work directory; then the prefix cache is reset,
-  since cached KV blocks were computed by the old weights.
+  on CPU); to an engine in processes of its own (the default on GPU) through the generator's shared-memory
+  handoff (`weights.handoff`: one segment rewritten per version, each tensor checked by the workers before
+  any is loaded), or a safetensors file in the work directory where there is no /dev/shm
+  (`generator.vllm.handoff`); then the prefix cache is reset, since cached KV blocks were computed by the
+  old weights.
 - LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
   versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model
@@ -52,9 +55,11 @@ from asyncrlhf.sampling.vllm_engine import (
     merges_lora,
     model_dir_for_vllm,
     pristine_targets,
+    shared_handoff,
     weight_skeleton,
 )
 from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.handoff import Handoff
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +87,12 @@ def version_tuple(version: str) -> tuple[int, ...]:
                  for part in version.split("+")[0].split(".")[:3])
 
 
+def _clean_up(work_dir: str, handoff: Handoff | None) -> None:
+    shutil.rmtree(work_dir, ignore_errors=True)
+    if handoff is not None:
+        handoff.close()
+
+
 def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """PEFT state-dict names (`...lora_A.default.weight`) -> saved-adapter names (`...lora_A.weight`)."""
     return {name.replace(".default.", "."): tensor.contiguous() for name, tensor in tensors.items()}
@@ -89,15 +100,17 @@ def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.T
 
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
-                 pristine: dict[str, torch.Tensor] | None = None, in_process: bool = False):
+                 pristine: dict[str, torch.Tensor] | None = None, in_process: bool = False,
+                 handoff: Handoff | None = None):
         self.llm, self.skeleton, self.lora, self.work_dir = llm, skeleton, lora, work_dir
         self.in_process = in_process  # the engine's worker is in this process: pushes hand it tensors
+        self.handoff = handoff  # else: its shared-memory handoff (None: a file per version)
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._version = 0
         self._lora_request: Any = None
         self.driver: Any = None  # a VLLMStepEngine stepping this engine (continuous mode): requests go to it
         self.recompute_inflight = False  # after a push, running sequences re-compute their KV cache
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(work_dir), True)
+        self._cleanup = weakref.finalize(self, _clean_up, str(work_dir), handoff)
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer=None) -> VLLMBackend:
@@ -118,8 +131,9 @@ class VLLMBackend:
         if cfg.learner.lora.enabled and merges_lora(cfg):
             pristine = pristine_targets(model_dir, skeleton, dtype)
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
-        return cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine,
-                   in_process=in_process(cfg, env))
+        local = in_process(cfg, env)
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,
+                   handoff=None if local or not shared_handoff(cfg) else Handoff())
 
     @property
     def version(self) -> int:
@@ -136,7 +150,7 @@ class VLLMBackend:
     def apply_weights(
         self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> None:
-        """Load into the engine (through a file either way, so `adopt` changes nothing)."""
+        """Load into the engine (its workers copy the tensors either way, so `adopt` changes nothing)."""
         if self.pristine is not None:
             self._reload(merged_weights(self.pristine, tensors, self.lora))
         elif self.lora.enabled:
@@ -150,6 +164,8 @@ class VLLMBackend:
 
         if self.in_process:
             self.llm.collective_rpc("asyncrlhf_reload_weights", args=(dict(tensors),))
+        elif self.handoff is not None:
+            self.llm.collective_rpc("asyncrlhf_reload_shared", args=(self.handoff.write(tensors),))
         else:
             path = self.work_dir / "push.safetensors"
             save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
@@ -237,7 +253,7 @@ class VLLMBackend:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def close(self) -> None:
-        """Stop the engine and delete the work directory (adapters, push files)."""
+        """Stop the engine, delete the work directory (adapters, push files), remove the handoff segment."""
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):

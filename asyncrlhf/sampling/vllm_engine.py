@@ -8,12 +8,17 @@
   process (a separate engine process busy-polls a core of its own); on GPU the memory fraction applies.
   `dtype` follows the learner's (`model.dtype`); another is a warning, never a silent downcast.
   `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
-- `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls
-  `asyncrlhf_reload_weights(weights)` with HF-named tensors, which the worker hands to vLLM's own in-place
-  `reload_weights` (it maps HF names onto vLLM's fused layers). An engine in this process (`in_process`:
-  the engine core and its one worker here) takes the tensors themselves; across processes only the path of a
-  safetensors file holding them crosses the RPC: tensors in `collective_rpc` arguments reach another
-  process's worker as undecoded msgpack objects.
+- `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls it with
+  HF-named tensors, which the worker hands to vLLM's own in-place `reload_weights` (it maps HF names onto
+  vLLM's fused layers). An engine in this process (`in_process`: the engine core and its one worker here)
+  takes the tensors themselves (`asyncrlhf_reload_weights`). Across processes, tensors in `collective_rpc`
+  arguments would reach the worker as undecoded msgpack objects, so only where they lie crosses the RPC: the
+  manifest of the generator's shared-memory handoff (`asyncrlhf_reload_shared`, `weights.handoff`: the worker
+  checks each tensor's XXH3-64 before loading any), or the path of a safetensors file
+  (`generator.vllm.handoff=file`). vLLM 0.32 also has a weight-transfer engine registry
+  (`WeightTransferEngineFactory.register_engine`, engines configured at engine start by
+  `weight_transfer_config`); the worker extension is used instead because its RPC is one synchronous call
+  whose failure the generator sees before it serves the version, which the receiver's commit needs.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ import torch
 from asyncrlhf.config import Config, LoraConfig, ModelConfig
 from asyncrlhf.model_sources import resolve_model_dir
 from asyncrlhf.models import load_policy, resolve_device, wrap_lora
+from asyncrlhf.weights import handoff
 from asyncrlhf.weights.codec import adapter_tensors
+from asyncrlhf.weights.handoff import Manifest
+from asyncrlhf.weights.shm_read import SegmentMaps
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +53,19 @@ class WeightLoaderExtension:
     """Methods `collective_rpc` can call on every vLLM worker."""
 
     def asyncrlhf_reload_weights(self, weights: str | Mapping[str, torch.Tensor]) -> int:
+        """Load tensors handed over in this process, or those of a safetensors file (`handoff=file`)."""
         from safetensors.torch import load_file
 
         named = load_file(weights) if isinstance(weights, str) else weights
+        return self._asyncrlhf_load(named)
+
+    def asyncrlhf_reload_shared(self, manifest: Manifest) -> int:
+        """Load the version the generator wrote into its handoff segment, once every tensor's bytes check
+        (`handoff.read` raises before anything is loaded otherwise)."""
+        maps = self.__dict__.setdefault("_asyncrlhf_maps", SegmentMaps())  # kept across versions
+        return self._asyncrlhf_load(handoff.read(manifest, maps))
+
+    def _asyncrlhf_load(self, named: Mapping[str, torch.Tensor]) -> int:
         self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
         device = self.device  # type: ignore[attr-defined]
         if torch.device(device).type == "cuda":
@@ -91,6 +109,16 @@ def in_process(cfg: Config, env: Mapping[str, str]) -> bool:
     """Whether the engine core and its only worker run in this process (`engine_settings`' env): then a push
     hands them tensors, not a file."""
     return env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and cfg.generator.tensor_parallel_size == 1
+
+
+def shared_handoff(cfg: Config) -> bool:
+    """Whether an engine out of this process gets pushes through shared memory (`generator.vllm.handoff`),
+    not a file."""
+    choice = cfg.generator.vllm.handoff
+    if choice == "shm" and not handoff.available():
+        raise RuntimeError("generator.vllm.handoff=shm needs a writable /dev/shm with open-file-description "
+                           "locks on this host; set generator.vllm.handoff=auto (a file where there is none)")
+    return choice == "shm" or (choice == "auto" and handoff.available())
 
 
 def merges_lora(cfg: Config) -> bool:

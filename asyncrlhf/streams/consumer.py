@@ -307,3 +307,17 @@ def hold(consumer: Consumer, deliveries: Sequence[Delivery]) -> None:
     if deliveries:
         ids: list[bytes | str | int | memoryview] = [d.entry_id for d in deliveries]
         consumer.client.xclaim(consumer.key, consumer.group, consumer.name, 0, ids, justid=True)
+
+
+class Keeper:
+    """`hold` at most every quarter of `claim_idle_ms`: for a consumer that keeps entries read but not yet
+    acked while it waits for more (a learner's step being collected, a controlled mode's held groups)."""
+
+    def __init__(self, consumer: Consumer, claim_idle_ms: int):
+        self.consumer, self.every_s, self._kept = consumer, claim_idle_ms / 4000, 0.0
+
+    def keep(self, deliveries: Sequence[Delivery]) -> None:
+        now = time.monotonic()
+        if deliveries and now - self._kept >= self.every_s:
+            hold(self.consumer, deliveries)
+            self._kept = now

@@ -46,6 +46,11 @@ def prompt_identity(prompt: PromptGroup) -> str:
     return f"{prompt.group_id}+{prompt.handoffs}@{prompt.enqueued_at:.6f}"
 
 
+def group_of_identity(identity: str) -> str:
+    """The group id of an entry's identity (a handed-on prompt's identity carries its hand-offs)."""
+    return identity.split("+", 1)[0]
+
+
 PROMPTS = StreamSpec("prompts", PromptGroup, prompt_identity)
 ROLLOUTS = StreamSpec("rollouts", RolloutGroup, lambda m: m.group_id)
 SCORED = StreamSpec("scored", RolloutGroup, lambda m: m.group_id)

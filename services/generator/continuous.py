@@ -45,6 +45,7 @@ class ContinuousLoop(GeneratorLoop):
         self.handon, self.partials = io.handon, io.partials
         self._next_hold = 0.0
         self._hold_every_s = cfg.redis.claim_idle_ms / 3000
+        self._written_tokens = 0
 
     def run(self, stop: threading.Event) -> None:
         """Step until `stop` is set, then hand every unfinished group on."""
@@ -52,8 +53,12 @@ class ContinuousLoop(GeneratorLoop):
             while not stop.is_set():
                 self.step()
         finally:
-            self.hand_on()
+            handed = self.hand_on()
             self.engine.fail_waiting("the generator is stopping")
+            # what `asyncrlhf bench chaos` adds up to count the tokens sampled twice (the last scrape before
+            # a stop can miss a step's tokens; this line cannot)
+            log.info("generator stopped: %d tokens sampled, %d written in groups, %d groups handed on",
+                     int(self.sampler.sampled_tokens), int(self._written_tokens), handed)
 
     def step(self) -> int:
         """Fill free slots, take one engine step, write the groups that ended; returns groups written."""
@@ -132,6 +137,9 @@ class ContinuousLoop(GeneratorLoop):
         self.consumer.ack([run.tag for run in runs], groups, to=self.producer)
         if self.partials:
             self.partials.forget([run.group_id for run in runs])
+        written = sum(len(s.completion_token_ids) for g in groups for s in g.samples)
+        self._written_tokens += written
+        self.metrics.written_tokens.inc(written)
         self.metrics.groups.inc(len(groups))
         for run in runs:
             self.metrics.batch_seconds.observe(now - run.started_at)

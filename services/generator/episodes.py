@@ -91,8 +91,9 @@ class EpisodeLoop(GeneratorLoop):
                 m.tool_errors.labels(tool=name).inc(n)
             for s in e.step_seconds:
                 m.step_seconds.observe(s)
-        tokens = sum(sum(e.loss_mask) for e in episodes)
+        tokens = sum(sum(e.loss_mask) for e in episodes)  # the model's: environment tokens are not generated
         self.metrics.tokens.inc(tokens)
+        self.metrics.written_tokens.inc(tokens)
         self.metrics.batch_seconds.observe(seconds)
         self.metrics.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)
 

@@ -163,6 +163,7 @@ class GeneratorLoop:
     def _record(self, completions: list[list[Completion]], seconds: float) -> None:
         tokens = sum(len(c.token_ids) for group in completions for c in group)
         self.metrics.tokens.inc(tokens)
+        self.metrics.written_tokens.inc(tokens)
         self.metrics.groups.inc(len(completions))
         self.metrics.batch_seconds.observe(seconds)
         self.metrics.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)

@@ -46,6 +46,10 @@ class GeneratorMetrics:
         self.continued_samples = Counter(names.GENERATOR_CONTINUED_SAMPLES_TOTAL,
                                          "Samples continued from tokens sampled elsewhere (hand-on, save).",
                                          registry=r)
+        self.written_tokens = Counter(names.GENERATOR_WRITTEN_TOKENS_TOTAL,
+                                      "Completion tokens of the groups written (continued samples' earlier "
+                                      "tokens included): tokens generated less these are in flight or lost.",
+                                      registry=r)
         self.handed_on_samples = Counter(names.GENERATOR_HANDED_ON_SAMPLES_TOTAL,
                                          "Samples handed back to the prompts stream at a stop.", registry=r)
         self.episodes = EpisodeMetrics(r)

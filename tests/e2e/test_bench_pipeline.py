@@ -76,6 +76,30 @@ def test_summary_compares_each_backend_with_its_own_baseline(tmp_path):
     assert result["inprocess_s_per_step"] == 10.0 and result["async1_s_per_step"] == 8.0  # the first backend
 
 
+def test_summary_sets_each_continuous_run_beside_its_own_batch_async1(tmp_path):
+    class Cfg:
+        generator = type("G", (), {"backend": "vllm"})()
+
+    def run(name, trained, generated):
+        return {"name": name, "cfg": Cfg(), "s_per_step": 5.0, "gold": 0.1,
+                "breakdown": {"generation": 1.0, "training": 2.0}, "generator_idle_fraction": 0.0,
+                "learner_wait_fraction": 0.0, "trained_tokens_per_s": trained,
+                "generated_tokens_per_s": generated}
+
+    result = summarise([run("async1-vllm", 100.0, 40.0), run("cont1-vllm", 150.0, 50.0),
+                        run("async1-hf", 80.0, 20.0), run("cont1-hf", 60.0, 30.0)], 4, tmp_path)
+    assert result["continuous_vs_async1"] == {
+        "cont1-vllm": {"trained_tokens_per_s": 1.5, "generated_tokens_per_s": 1.25},
+        "cont1-hf": {"trained_tokens_per_s": 0.75, "generated_tokens_per_s": 1.5}}
+
+
+def test_a_continuous_run_is_made_in_continuous_mode_and_the_others_in_the_configs(tmp_path):
+    from asyncrlhf.bench.pipeline import run_overrides
+
+    assert "generator.mode=continuous" in run_overrides([], "cont1-vllm", 1, 4, tmp_path)
+    assert not any(o.startswith("generator.mode") for o in run_overrides([], "async1-vllm", 1, 4, tmp_path))
+
+
 def test_an_earlier_benchs_run_is_refused_and_kept(tmp_path, capsys):
     """A run directory left by an earlier bench would be resumed (nothing trained, its figures reported as
     new): the bench refuses it, says what to do, and touches nothing."""

@@ -126,3 +126,29 @@ def test_a_group_dropped_after_its_update_was_lost_is_an_update_lost():
             {"kind": "dropped", "version": 1, "group_ids": ["g00000000"]}]
     audit = account(1, rows, [], {})
     assert not audit.ok and audit.updates_lost == ["g00000000"]
+
+
+def test_continued_samples_are_counted_once_from_the_final_history():
+    """Continuous generation: a trained group's samples continued from tokens sampled elsewhere are counted
+    (groups, samples, carried tokens), but only for trainings the final model holds."""
+    rows = [lineage(1, 0, 0), {**trained(1, 1, ["g00000000", "g00000001"]),
+                               "continued": {"g00000001": [2, 57]}},
+            {**trained(1, 2, ["g00000002"]), "continued": {"g00000002": [1, 9]}},  # update lost below
+            lineage(2, 1, 1), {"kind": "requeued", "lineage": 2, "version": 1, "group_ids": ["g00000002"]},
+            {**trained(2, 2, ["g00000002"]), "continued": {"g00000002": [1, 12]}}]
+    audit = account(3, rows, [], {}, credit_bound=4)
+    assert audit.ok, format_audit(audit, "t")
+    assert audit.continued == {"groups": 2, "samples": 3, "tokens": 69}
+    assert "continued      3 samples in 2 trained groups carried 69 tokens" in format_audit(audit, "t")
+
+
+def test_saved_progress_is_in_flight_or_left_by_a_crash_and_never_for_a_group_never_enqueued():
+    from asyncrlhf.audit import account_saved
+
+    log = rows(("trained", ["g00000000"]), ("dropped", ["g00000001"]))
+    audit = account(4, log, [], {"prompts": {"g00000002", "g00000003"}}, credit_bound=4)
+    account_saved(audit, ["g00000000", "g00000002", "g00000003"], log, 4)
+    assert audit.ok and audit.saved_progress == {"in_flight": 2, "ended": 1}
+    account_saved(audit, ["g00000002", "g00000007"], log, 4)  # g7: the learner never enqueued it
+    assert not audit.ok and audit.saved_unknown == ["g00000007"]
+    assert "PROGRESS SAVED FOR A GROUP NEVER ENQUEUED" in format_audit(audit, "t")

@@ -29,7 +29,7 @@ def random_adapter(peft_model: torch.nn.Module, seed: int) -> dict[str, torch.Te
                          ids=["lora-kernels", "merged", "merged-engine-process"])
 def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merge, in_process):
     """In the generator's process (the CPU default) a merged push hands the engine's worker its tensors; an
-    engine in a process of its own gets them through a file."""
+    engine in a process of its own gets them through the generator's shared-memory handoff."""
     from asyncrlhf.sampling.vllm import VLLMBackend
 
     cfg = vllm_config(tmp_path, "learner.lora.enabled=true", "learner.lora.r=8", "learner.lora.alpha=16",

@@ -42,6 +42,9 @@ class Desk:
         out, self.arriving = self.arriving[:n], self.arriving[n:]
         return out
 
+    def keep(self, deliveries) -> None:
+        self.kept = [d.identity for d in deliveries]
+
     def receive(self, d: Delivery, version: int, window=None, held=frozenset()):
         rules = Rules(K, max_staleness=1, stale_policy="drop", window=window)
         known = Known(frozenset(), held=held)
@@ -69,6 +72,17 @@ def test_bounded_takes_the_first_admitted_groups_in_id_order_and_skips_dropped_o
     assert [d.staleness for d in batch.decisions] == [1, 0]  # 3 - 2, 3 - 3
     assert desk.ticks == [set(), {"g00000003"}]  # a restart mid-collection counts them as present
     assert strategy.holding() == set()
+
+
+def test_bounded_never_takes_a_group_twice_into_one_step():
+    """A collect longer than redis.claim_idle_ms re-claims the learner's own pending entries: the same group
+    read again (same entry, or another entry of it) is held, not trained twice in one step (a chaos run
+    under load trained g00000085 twice in one step before this)."""
+    again = delivery(3, 3)
+    desk = Desk(Bounded(learner("bound")), [delivery(3, 3), again, delivery(1, 3)], in_flight=3)
+    batch = collect(desk, 3)
+    assert batch is not None and batch.ids() == ["g00000001", "g00000003"]
+    assert desk.kept == ["g00000003", "g00000001"]  # the batch's entries are kept from re-claim meanwhile
 
 
 def test_bounded_stops_when_the_prompt_set_is_exhausted_and_nothing_is_in_flight():

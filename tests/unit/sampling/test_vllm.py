@@ -19,8 +19,10 @@ from asyncrlhf.sampling.vllm_engine import (
     merges_lora,
     model_dir_for_vllm,
     pristine_targets,
+    shared_handoff,
     weight_skeleton,
 )
+from asyncrlhf.weights import handoff
 from asyncrlhf.weights.codec import adapter_tensors
 
 VLLM = ["generator.backend=vllm", "model.tiny.heads=2"]
@@ -147,3 +149,15 @@ def test_lora_merges_on_cpu_and_serves_adapters_on_gpu_unless_told(tmp_path):
     told = load_config(["configs/tiny.yaml"], [*VLLM, *lora, "generator.device=cpu",
                                                "generator.vllm.merge_lora=false"])
     assert not merges_lora(told)
+
+
+def test_an_engine_process_gets_pushes_through_shared_memory_unless_told_or_there_is_none(monkeypatch):
+    def cfg(choice: str):
+        return load_config(["configs/tiny.yaml"], [*VLLM, f"generator.vllm.handoff={choice}"])
+
+    assert shared_handoff(cfg("auto")) is handoff.available()
+    assert shared_handoff(cfg("file")) is False
+    monkeypatch.setattr(handoff, "shm_host", lambda: "")  # no writable /dev/shm here
+    assert shared_handoff(cfg("auto")) is False
+    with pytest.raises(RuntimeError, match="handoff=shm needs a writable /dev/shm.*handoff=auto"):
+        shared_handoff(cfg("shm"))
