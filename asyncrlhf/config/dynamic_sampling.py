@@ -15,7 +15,7 @@ class DynamicSamplingConfig(Section):
 
     enabled: bool = Field(False, description="Filter groups whose rewards are all equal; refill the step.")
     refill_cap: float = Field(
-        3.0, ge=0, description="At most this many times groups_per_step groups are filtered in one step; "
+        3.0, gt=0, description="At most this many times groups_per_step groups are filtered in one step; "
         "then the step trains what it has (with nothing informative yet, it stops filtering and fills up). "
         "3: a step reads up to 4x its groups, enough while at most 75% of groups are uninformative; beyond "
         "that the task teaches little and waiting for more would stall the run.")

@@ -126,3 +126,15 @@ def test_a_group_dropped_after_its_update_was_lost_is_an_update_lost():
             {"kind": "dropped", "version": 1, "group_ids": ["g00000000"]}]
     audit = account(1, rows, [], {})
     assert not audit.ok and audit.updates_lost == ["g00000000"]
+
+
+def test_a_group_filtered_by_dynamic_sampling_is_accounted_for_and_never_trained_too():
+    # g0 g1 trained, g2 filtered (its rewards all equal) and g3, its refill, trained in the next step
+    audit = account(4, rows(("trained", ["g00000000", "g00000001"]), ("filtered", ["g00000002"]),
+                            ("trained", ["g00000003"])), [], {}, credit_bound=4)
+    assert audit.ok, format_audit(audit, "t")
+    assert (audit.trained, audit.filtered, audit.lost) == (3, 1, [])
+    assert "filtered       1" in format_audit(audit, "t")
+    # a filtered group that was trained as well ended in two ways: a failure
+    twice = account(1, rows(("filtered", ["g00000000"]), ("trained", ["g00000000"])), [], {})
+    assert twice.conflicting == ["g00000000"] and not twice.ok
