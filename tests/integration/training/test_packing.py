@@ -20,17 +20,21 @@ pytestmark = pytest.mark.integration
 ALGORITHMS = ["online_dpo", "best_of_n", "rloo", "grpo", "dr_grpo", "reinforce_pp", "ppo"]
 
 
-def step_with_grads(algorithm: str, packing: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def step_with_grads(algorithm: str, packing: bool, lora: bool = False
+                    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """One step on fixed groups (two of them importance-corrected), and the gradients it applied: read from
     the engines' parameters just before their optimizer steps."""
     cfg = load_config(["configs/tiny.yaml"], [
         f"learner.algorithm={algorithm}", "learner.micro_batch_size=3", f"learner.packing={packing}",
-        "learner.pack_tokens=24", "learner.stale_policy=tis", "learner.kl.coef=0.1"])
+        "learner.pack_tokens=24", "learner.stale_policy=tis", "learner.kl.coef=0.1",
+        f"learner.lora.enabled={str(lora).lower()}"])
     engine.init_distributed()
     objective = make_objective(cfg)
-    policy = engine.initialize(load_policy(cfg.model), cfg.learner)
+    torch.manual_seed(0)  # LoRA's adapters start from the global generator: the same in both runs
+    policy = engine.initialize(load_policy(cfg.model, lora=cfg.learner.lora), cfg.learner)
+    reference = ReferencePolicy(policy.module if lora else load_policy(cfg.model))
     value = engine.initialize(load_score_model(cfg.model), cfg.learner) if objective.needs_values else None
-    trainer = Trainer(cfg, LearnerModels(policy, ReferencePolicy(load_policy(cfg.model)), value),
+    trainer = Trainer(cfg, LearnerModels(policy, reference, value),
                       objective=objective, pad_id=0)
     grads: dict[str, torch.Tensor] = {}
     for name, eng in (("policy", policy), ("value", value)):
@@ -53,10 +57,11 @@ def _recording(eng, name: str, grads: dict[str, torch.Tensor]):
     return recorded
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_packed_and_padded_steps_give_the_same_loss_and_gradients(algorithm):
-    padded, padded_grads = step_with_grads(algorithm, packing=False)
-    packed, packed_grads = step_with_grads(algorithm, packing=True)
+@pytest.mark.parametrize("algorithm, lora", [(a, False) for a in ALGORITHMS] + [("online_dpo", True)])
+def test_packed_and_padded_steps_give_the_same_loss_and_gradients(algorithm, lora):
+    # with LoRA the reference is the policy with its adapters off (packed rows go through peft too)
+    padded, padded_grads = step_with_grads(algorithm, packing=False, lora=lora)
+    packed, packed_grads = step_with_grads(algorithm, packing=True, lora=lora)
     assert abs(packed["loss"] - padded["loss"]) <= 1e-5
     assert padded_grads.keys() == packed_grads.keys() and padded_grads
     for name, grad in padded_grads.items():
