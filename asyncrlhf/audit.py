@@ -6,6 +6,7 @@ Redis) and appends every group it trains, drops as stale or counts as dead-lette
 
     trained        in consumed.jsonl as `trained`, exactly once
     dropped        in consumed.jsonl as `dropped` (staleness over learner.max_staleness)
+    filtered       in consumed.jsonl as `filtered` (learner.dynamic_sampling: rewards all equal, refilled)
     dead-lettered  in consumed.jsonl as `dead_lettered`, or in the dead-letter stream (with its reason) and
                    not yet counted by the learner (a dead-lettered duplicate of a group that was trained
                    ended as trained: the learner trains an id at most once)
@@ -76,6 +77,7 @@ class Audit:
     enqueued: int
     trained: int = 0
     dropped: int = 0
+    filtered: int = 0
     dead_lettered: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)  # stream -> groups still there
     in_flight_total: int = 0  # distinct groups in flight (a group is in one stream unless enqueued twice)
@@ -113,6 +115,7 @@ class Audit:
             "enqueued": self.enqueued,
             "trained": self.trained,
             "dropped": self.dropped,
+            "filtered": self.filtered,
             "dead_lettered": self.dead_lettered,
             "in_flight": self.in_flight,
             "in_flight_total": self.in_flight_total,
@@ -308,6 +311,8 @@ def format_audit(audit: Audit, run: str) -> str:
     lines = [f"audit of run `{run}`: {audit.enqueued} groups enqueued"]
     lines.append(f"  trained        {audit.trained}")
     lines.append(f"  dropped        {audit.dropped}  (older than learner.max_staleness)")
+    if audit.filtered:
+        lines.append(f"  filtered       {audit.filtered}  (no reward signal: learner.dynamic_sampling)")
     lines.append(
         f"  dead-lettered  {audit.dead_lettered}"
         + "".join(f"\n    {n} x {reason}" for reason, n in sorted(audit.dead_letter_reasons.items()))

@@ -31,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": (
         "asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."
     ),
-    "bench": ("asyncrlhf.bench", "Benchmarks: transport, generator, pipeline, load, chaos, staleness."),
+    "bench": ("asyncrlhf.bench",
+              "Benchmarks: transport, generator, pipeline, load, chaos, staleness, learner."),
 }
 
 

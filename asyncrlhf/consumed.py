@@ -26,17 +26,18 @@ CONSUMED_LOG = "consumed.jsonl"
 
 
 class Kind(StrEnum):
-    """A row's `kind`: a learner start, or how groups ended (trained, dropped, dead-lettered), or groups
-    enqueued again (requeued)."""
+    """A row's `kind`: a learner start, or how groups ended (trained, dropped, dead-lettered, filtered by
+    dynamic sampling), or groups enqueued again (requeued)."""
 
     LINEAGE = "lineage"
     TRAINED = "trained"
     DROPPED = "dropped"
     DEAD_LETTERED = "dead_lettered"
     REQUEUED = "requeued"
+    FILTERED = "filtered"  # no reward signal (learner.dynamic_sampling): not trained, its step refilled
 
 
-ENDED_WITHOUT_TRAINING = (Kind.DROPPED, Kind.DEAD_LETTERED)
+ENDED_WITHOUT_TRAINING = (Kind.DROPPED, Kind.DEAD_LETTERED, Kind.FILTERED)
 ENDINGS = (Kind.TRAINED, *ENDED_WITHOUT_TRAINING)
 
 

@@ -112,6 +112,11 @@ LEARNER_REQUEUED_GROUPS_TOTAL = _metric("learner", "requeued_groups", "total")  
 LEARNER_WAITING_SINCE_SECONDS = _metric("learner", "waiting_since", "seconds")  # label: on
 # Seconds without a step once that exceeds launch.stall_after_s, else 0; label: hop (asyncrlhf.stalls.Hop).
 LEARNER_STALLED_SECONDS = _metric("learner", "stalled", "seconds")
+LEARNER_PADDING_SHARE = _metric("learner", "padding_share")  # of the token positions the last step computed
+LEARNER_UNPACKED_PADDING_SHARE = _metric("learner", "unpacked_padding_share")  # of its padded layout
+LEARNER_FILTERED_GROUPS_TOTAL = _metric("learner", "filtered_groups", "total")  # label: reason
+LEARNER_REFILL_GROUPS = _metric("learner", "refill_groups")  # groups filtered and refilled, last step
+LEARNER_REFILL_CAPPED_STEPS_TOTAL = _metric("learner", "refill_capped_steps", "total")
 
 EVALUATOR_GOLD_REWARD = _metric("evaluator", "gold_reward")
 EVALUATOR_WIN_RATE = _metric("evaluator", "win_rate")

@@ -255,6 +255,13 @@ class ReferencePolicy:
             self._frozen = copy.deepcopy(policy).eval()
             self._frozen.requires_grad_(False)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype it computes in (a packed row's additive attention mask must match it)."""
+        model = self._frozen if self._frozen is not None else self._lora_policy
+        assert model is not None, "a reference wraps a frozen copy or a LoRA policy"
+        return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
     @torch.no_grad()
     def __call__(self, **inputs):
         if self._frozen is not None:

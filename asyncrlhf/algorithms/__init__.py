@@ -6,6 +6,7 @@ Services call these for all of their math.
 
 from asyncrlhf.algorithms.best_of_n import best_of_n_loss, best_of_n_select
 from asyncrlhf.algorithms.dpo import DPOLossType, dpo_loss, select_pairs
+from asyncrlhf.algorithms.dynamic_sampling import filter_reason, uninformative
 from asyncrlhf.algorithms.evaluation import perplexity, sequence_kl, win_rate
 from asyncrlhf.algorithms.grpo import grpo_advantages, grpo_loss
 from asyncrlhf.algorithms.kl import AdaptiveKLController, KLKind, kl_penalty, shape_rewards
@@ -46,6 +47,7 @@ __all__ = [
     "clipped_surrogate",
     "decoupled_ppo_loss",
     "dpo_loss",
+    "filter_reason",
     "gae",
     "generates",
     "generating_version",
@@ -71,6 +73,7 @@ __all__ = [
     "staleness_decision",
     "token_logprobs",
     "token_mean",
+    "uninformative",
     "whiten",
     "win_rate",
 ]

@@ -9,7 +9,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos", "staleness")
+BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos", "staleness", "learner")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -10,7 +10,9 @@ with staleness measured by `PolicyVersion.staleness_from` (versions of another l
 group counts as beyond the bound). Under a controlled mode (`exact`, `paper`) a group all of whose tokens
 are of the open window's version is held until its step, any other is dropped as off-schedule. A group whose
 earlier training was lost with a learner is never dropped: it is enqueued again, sampled afresh from the
-current weights.
+current weights. With dynamic sampling (`Rules.filter_reason`), a group admitted for training whose rewards
+are all equal is filtered instead (`asyncrlhf.algorithms.uninformative`), unless its earlier training was
+lost (its update must be redone).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from collections.abc import Set
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import torch
+
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
-from asyncrlhf.algorithms import StalenessDecision, staleness_decision
+from asyncrlhf.algorithms import StalenessDecision, staleness_decision, uninformative
 from asyncrlhf.algorithms.offpolicy import StalePolicy
 from asyncrlhf.token_versions import token_versions_problem, version_span
 from asyncrlhf.training.batch import validate_group
@@ -36,6 +40,7 @@ class Action(StrEnum):
     HOLD = "hold"  # controlled staleness: kept until the step its version is due
     DROP = "drop"  # ends untrained
     REQUEUE = "requeue"  # its update was lost and it would be dropped: enqueue its prompt again
+    FILTER = "filter"  # no reward signal (dynamic sampling): ends untrained, the step takes another
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,14 @@ class Verdict:
 @dataclass(frozen=True)
 class Rules:
     """What admission judges by: `samples_per_prompt`, the staleness bound and policy, and under a
-    controlled mode the version whose window is open (None under `bound`)."""
+    controlled mode the version whose window is open (None under `bound`); with dynamic sampling, the reason
+    an uninformative group is filtered for (None: not filtered)."""
 
     samples_per_prompt: int
     max_staleness: int
     stale_policy: StalePolicy
     window: int | None = None
+    filter_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,9 @@ def admit(group_id: str, group: RolloutGroup, current: PolicyVersion, rules: Rul
     if verdict.action is Action.DROP and group_id in known.retrain:
         # Dropping it would leave a group logged as trained in no model: sample it again instead.
         return replace(verdict, action=Action.REQUEUE)
+    if (verdict.action is Action.TRAIN and rules.filter_reason and group_id not in known.retrain
+            and bool(uninformative(torch.tensor([[s.reward for s in group.samples]]))[0])):
+        return replace(verdict, action=Action.FILTER, reason=rules.filter_reason)
     return verdict
 
 

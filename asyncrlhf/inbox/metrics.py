@@ -13,6 +13,7 @@ class InboxMetrics(Protocol):
     stale: Counter  # groups beyond max_staleness, by action
     old_lineage: Counter  # groups sampled by an older lineage's weights, by action
     requeued: Counter  # groups enqueued again, by reason
+    filtered: Counter  # groups filtered by dynamic sampling, by reason
     wait: Counter  # seconds waiting for scored groups
     in_flight: Gauge
     queue_depth: Gauge

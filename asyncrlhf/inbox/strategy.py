@@ -22,10 +22,13 @@ WhileWaiting = Callable[[], None]
 
 @dataclass
 class StepBatch:
-    """The deliveries of one step, each with the staleness decision that admitted it."""
+    """The deliveries of one step, each with the staleness decision that admitted it; with dynamic sampling,
+    how many groups the step filtered (each refilled by a further group) and whether it reached the cap."""
 
     deliveries: list[Delivery] = field(default_factory=list)
     decisions: list[StalenessDecision] = field(default_factory=list)
+    filtered: int = 0
+    capped: bool = False
 
     def groups(self) -> list[TrainGroup]:
         return [TrainGroup(d.message, s) for d, s in zip(self.deliveries, self.decisions, strict=True)]
@@ -36,7 +39,8 @@ class StepBatch:
     def sorted(self) -> StepBatch:
         """In group-id order, so a step's batch does not depend on arrival order."""
         order = sorted(range(len(self.deliveries)), key=lambda i: self.deliveries[i].identity)
-        return StepBatch([self.deliveries[i] for i in order], [self.decisions[i] for i in order])
+        return StepBatch([self.deliveries[i] for i in order], [self.decisions[i] for i in order],
+                         self.filtered, self.capped)
 
 
 class Desk(Protocol):
@@ -55,7 +59,7 @@ class Desk(Protocol):
     def keep(self, deliveries: Sequence[Delivery]) -> None: ...
 
     def receive(self, delivery: Delivery, version: int, window: int | None = None,
-                held: Set[str] = frozenset()) -> Verdict: ...
+                held: Set[str] = frozenset(), filtering: bool = True) -> Verdict: ...
 
 
 class Strategy(Protocol):

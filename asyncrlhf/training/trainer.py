@@ -10,16 +10,14 @@ DeepSpeed averages gradients over ranks: the sum over ranks and micro-batches is
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 
-from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config, PPOLearnerConfig
-from asyncrlhf.models import per_token_scores
 from asyncrlhf.training.batch import SequenceBatch, TrainGroup, build_batch
+from asyncrlhf.training.forward import Positions, make_forward, padded_share
 from asyncrlhf.training.objectives import Objective, Totals
 from asyncrlhf.training.policies import LearnerModels
 
@@ -38,7 +36,8 @@ class Trainer:
         self.cfg, self.policy, self.reference, self.value = cfg, models.policy, models.reference, models.value
         self.objective, self.pad_id, self.rank, self.world = objective, pad_id, rank, world
         self.temperature = cfg.generator.sampling.temperature
-        self.micro_batch_size = cfg.learner.micro_batch_size
+        lc = cfg.learner
+        self.forward = make_forward(lc.packing, lc.pack_tokens, lc.micro_batch_size)
         self.device = self.policy.device
         # Dropout off: the frozen pass and the update see the same function (ratio exactly 1 on-policy).
         self.policy.eval()
@@ -51,6 +50,7 @@ class Trainer:
         stats: dict[str, float] = {"reward_mean": float(batch.scores.mean()), **counts}
         if len(rows) == 0:
             return {**stats, "skipped_step": 1.0}
+        self.forward.positions = Positions()
         rows = self.objective.prepare(self._frozen_pass(rows.to(self.device)))
         epochs, minibatches = self._passes()
         sums: dict[str, float] = defaultdict(float)
@@ -64,6 +64,8 @@ class Trainer:
         stats.update({key: value / n for key, value in sums.items()})
         stats["tokens"] = float(batch.mask.sum())
         stats["sequences"] = float(len(batch))
+        stats["padding_share"] = self.forward.positions.padding_share
+        stats["padding_share_unpacked"] = padded_share(rows)
         return stats
 
     # -- the frozen pass --------------------------------------------------------------------------------
@@ -73,40 +75,28 @@ class Trainer:
         """Pre-update log-probs (when the objective or a corrected row needs them), reference log-probs
         and values, once per step."""
         need_old = self.objective.needs_old_logps or bool(rows.corrected.any())
-        old, ref, values = [], [], []
-        for start in range(0, len(rows), self.micro_batch_size):
-            micro = rows.rows(torch.arange(start, min(start + self.micro_batch_size, len(rows))))
+        wanted = {"old_logps": need_old, "ref_logps": self.objective.needs_reference,
+                  "old_values": self.objective.needs_values}
+        extras = {name: torch.zeros_like(rows.mask) for name, want in wanted.items() if want}
+        for index in self.forward.frozen_micros(rows):
+            micro = rows.rows(index)
             if need_old:
-                old.append(self._logps(self.policy, micro))
+                extras["old_logps"][index] = self._logps(self.policy, micro)
             if self.objective.needs_reference:
-                ref.append(self._logps(self.reference, micro))
+                extras["ref_logps"][index] = self._logps(self.reference, micro)
             if self.objective.needs_values:
-                values.append(self._values(micro))
-        extras = {}
-        if old:
-            extras["old_logps"] = torch.cat(old)
-        if ref:
-            extras["ref_logps"] = torch.cat(ref)
-        if values:
-            extras["old_values"] = torch.cat(values)
+                extras["old_values"][index] = self._values(micro)
         return rows.with_extras(**extras)
 
     def _logps(self, model, micro: SequenceBatch) -> torch.Tensor:
         """(B, T) log-probs of the completion tokens, temperature applied as when sampling; logits only for
-        the T positions that predict them."""
-        width = micro.completion_width
-        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                       position_ids=micro.position_ids, logits_to_keep=width + 1).logits[:, :-1]
-        return A.token_logprobs(logits.float(), micro.labels, self.temperature) * micro.mask
+        the positions that predict them."""
+        return self.forward.logps(model, micro, self.temperature)
 
     def _values(self, micro: SequenceBatch) -> torch.Tensor:
         """(B, T) value of the state before each completion token (the hidden state that predicts it)."""
         assert self.value is not None, "values are computed only for an objective with a value model"
-        width = micro.completion_width
-        values = per_token_scores(
-            self.value.module, micro.input_ids, micro.attention_mask, micro.position_ids
-        )
-        return values[:, -width - 1 : -1].float() * micro.mask
+        return self.forward.values(self.value.module, micro)
 
     # -- the update --------------------------------------------------------------------------------------
 
@@ -132,14 +122,11 @@ class Trainer:
     def _update(self, minibatch: SequenceBatch) -> dict[str, float]:
         unit = self.objective.unit
         totals = Totals(tokens=float(minibatch.mask.sum()), items=float(len(minibatch) // unit))
-        mine = torch.arange(self.rank, len(minibatch) // unit, self.world)
-        per_rank = math.ceil((len(minibatch) // unit) / self.world)
-        units_per_micro = max(1, self.micro_batch_size // unit)
-        n_micro = max(1, math.ceil(per_rank / units_per_micro))
+        micros = self.forward.update_micros(minibatch, unit, self.rank, self.world)
+        n_micro = len(micros)
         sums: dict[str, float] = defaultdict(float)
         real = 0
-        for m in range(n_micro):
-            units = mine[m * units_per_micro : (m + 1) * units_per_micro]
+        for m, units in enumerate(micros):
             # A rank with fewer items still runs the same number of passes (collectives must line up),
             # on a copy of item 0 with its loss multiplied by zero.
             scale = float(self.world) if len(units) else 0.0

@@ -191,6 +191,7 @@ class Learner:
         step_s = time.perf_counter() - started - waited  # the step's own time, as its histogram says
         self.metrics.step_time.observe(step_s)
         self.metrics.record_step(stats, groups, self.state.version)
+        self.metrics.record_batching(stats, batch.filtered, batch.capped)
         lr = self.trainer.policy.get_lr()[0] if hasattr(self.trainer.policy, "get_lr") else None
         self.trackers.log_scalars(step_scalars(stats, [g.decision.staleness for g in groups], step_s, lr),
                                   step=self.state.version - 1)

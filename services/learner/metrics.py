@@ -6,6 +6,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from asyncrlhf import algorithms as A
 from asyncrlhf import metrics as names
 from asyncrlhf.stalls import Hop, WaitState
 from asyncrlhf.training.batch import TrainGroup
@@ -104,6 +105,32 @@ class LearnerMetrics:
                              "launch.stall_after_s (else 0), by the hop that holds the learner up "
                              "(docs/stalls.md).", ["hop"], registry=r)
         self.stalled.labels(Hop.NONE.value).set(0)
+        self._init_batching(r)
+
+    def _init_batching(self, r: CollectorRegistry) -> None:
+        """Packing's padding shares and dynamic sampling's filtered and refilled groups."""
+        self.padding_share = Gauge(names.LEARNER_PADDING_SHARE, "Share of the token positions the last step "
+                                   "computed on that were padding (0 with learner.packing).", registry=r)
+        self.unpacked_padding_share = Gauge(names.LEARNER_UNPACKED_PADDING_SHARE, "Share of padding in the "
+                                            "last step's padded layout: what it computes on without "
+                                            "packing.", registry=r)
+        self.filtered = Counter(names.LEARNER_FILTERED_GROUPS_TOTAL, "Groups filtered by dynamic sampling "
+                                "(rewards all equal), by reason.", ["reason"], registry=r)
+        for algorithm in ("online_dpo", "best_of_n", "rloo"):  # every reason exported from the start
+            self.filtered.labels(A.filter_reason(algorithm))
+        self.refill = Gauge(names.LEARNER_REFILL_GROUPS, "Groups the last step filtered and refilled.",
+                            registry=r)
+        self.refill_capped = Counter(names.LEARNER_REFILL_CAPPED_STEPS_TOTAL, "Steps that reached "
+                                     "learner.dynamic_sampling.refill_cap.", registry=r)
+
+    def record_batching(self, stats: dict[str, float], filtered: int, capped: bool) -> None:
+        """A step's padding shares (from its stats) and its groups filtered and refilled."""
+        if "padding_share" in stats:
+            self.padding_share.set(stats["padding_share"])
+            self.unpacked_padding_share.set(stats["padding_share_unpacked"])
+        self.refill.set(filtered)
+        if capped:
+            self.refill_capped.inc()
 
     def record_step(self, stats: dict[str, float], groups: list[TrainGroup], version: int) -> None:
         """A trained step: `version` is the one its update produced; staleness is per sample (the groups'

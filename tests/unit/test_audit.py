@@ -152,3 +152,15 @@ def test_saved_progress_is_in_flight_or_left_by_a_crash_and_never_for_a_group_ne
     account_saved(audit, ["g00000002", "g00000007"], log, 4)  # g7: the learner never enqueued it
     assert not audit.ok and audit.saved_unknown == ["g00000007"]
     assert "PROGRESS SAVED FOR A GROUP NEVER ENQUEUED" in format_audit(audit, "t")
+
+
+def test_a_group_filtered_by_dynamic_sampling_is_accounted_for_and_never_trained_too():
+    # g0 g1 trained, g2 filtered (its rewards all equal) and g3, its refill, trained in the next step
+    audit = account(4, rows(("trained", ["g00000000", "g00000001"]), ("filtered", ["g00000002"]),
+                            ("trained", ["g00000003"])), [], {}, credit_bound=4)
+    assert audit.ok, format_audit(audit, "t")
+    assert (audit.trained, audit.filtered, audit.lost) == (3, 1, [])
+    assert "filtered       1" in format_audit(audit, "t")
+    # a filtered group that was trained as well ended in two ways: a failure
+    twice = account(1, rows(("filtered", ["g00000000"]), ("trained", ["g00000000"])), [], {})
+    assert twice.conflicting == ["g00000000"] and not twice.ok

@@ -51,7 +51,7 @@ def scored_group(prompt: PromptGroup, version: int) -> RolloutGroup:
 
 class Actor:
     def __init__(self, cfg: Config, redis_url: str, *, version_offset=lambda group_id: 0,
-                 answers=lambda version: True, spanning: bool = False):
+                 answers=lambda version: True, spanning: bool = False, tied=lambda group_id: False):
         self.cfg = cfg
         self.client = redis.Redis.from_url(redis_url)
         self.streams = RunStreams(self.client, cfg.run.name, cfg.redis)
@@ -63,6 +63,7 @@ class Actor:
                                    lambda: self.receiver.version, period_s=0.2).start()
         self.version_offset = version_offset
         self.answers = answers  # whether it answers prompts now, holding weights of `version`
+        self.tied = tied  # whether a group's samples all get the same reward (no signal: dynamic sampling)
         self.prompts: dict[str, PromptGroup] = {}  # every prompt group it answered, by id
         self.generated_by: dict[str, int] = {}  # the version each group was tagged with, by id
         self.spanning = spanning
@@ -104,6 +105,10 @@ class Actor:
             self._emit(consumer, out, [d for d, _, _ in done], groups)
 
     def _emit(self, consumer, out, deliveries, groups: list[RolloutGroup]) -> None:
+        for g in groups:
+            if self.tied(g.group_id):
+                for sample in g.samples:
+                    sample.reward = 0.5
         consumer.ack(deliveries, groups, to=out)
         self.prompts.update({d.identity: d.message for d in deliveries})
         self.generated_by.update({g.group_id: g.policy_version for g in groups})

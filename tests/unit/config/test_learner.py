@@ -106,3 +106,14 @@ def test_controlled_staleness_needs_a_push_every_step():
         load_config(["configs/tiny.yaml"], ["learner.staleness_mode=paper", "learner.sync_every=2"])
     with pytest.raises(ConfigError, match="staleness_mode"):
         load_config(["configs/tiny.yaml"], ["learner.staleness_mode=exactly"])
+
+
+def test_dynamic_sampling_refuses_ppo_and_the_controlled_staleness_modes_saying_why():
+    with pytest.raises(ConfigError, match="PPO's advantages come from its value model"):
+        load_config(["configs/tiny.yaml"], ["learner.algorithm=ppo", "learner.dynamic_sampling.enabled=true"])
+    with pytest.raises(ConfigError, match="use staleness_mode=bound"):
+        load_config(["configs/tiny.yaml"], ["learner.staleness_mode=exact",
+                                            "learner.dynamic_sampling.enabled=true"])
+    cfg = load_config(["configs/tiny.yaml"], ["learner.algorithm=rloo",
+                                              "learner.dynamic_sampling.enabled=true"])
+    assert cfg.learner.dynamic_sampling.refill_cap == 3.0

@@ -180,3 +180,23 @@ def test_a_budget_ends_the_episode_by_length(tiny):
     (e,) = episodes
     assert e.end in ("length", "done") and len(e.token_ids) <= 10
     assert isinstance(e.completion(), Completion)
+
+
+def test_packed_and_padded_agree_on_an_episode_batch(tiny):
+    """Packing lays each row's real tokens end to end: an episode's environment tokens sit between its
+    model tokens, so the packed forward must predict every completion position and mask as the padded does."""
+    from asyncrlhf.training.forward import Packed, Padded
+
+    cfg, tokenizer, _ = tiny
+    groups, _ = run(tiny, scripted.Counter, k=2)
+    group = episode_group(PromptGroup(group_id="g", prompt="hi", k=2), groups[0], PolicyVersion(0, 3), "gen",
+                          0.0, 0.0, tokenizer.decode)
+    for sample in group.samples:
+        sample.reward = 0.0
+    rows = build_batch([TrainGroup(group)], pad_id=tokenizer.pad_token_id)
+    assert ((rows.mask == 0) & (rows.attention_mask[:, -rows.completion_width:] == 1)).any()
+    model = load_policy(cfg.model).eval()
+    with torch.no_grad():
+        padded = Padded(4).logps(model, rows, 1.0)
+        packed = Packed(4096).logps(model, rows, 1.0)
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)

@@ -152,3 +152,27 @@ def test_controlled_mode_holds_only_a_group_wholly_of_the_window():
     # generated across a push (4 then 5): not the window's, off-schedule
     assert verdict(spanning([[4, 5], [4]], policy_version=4), windowed) == Verdict(
         Action.DROP, staleness=1, reason=OFF_SCHEDULE)
+
+
+FILTERING = Rules(samples_per_prompt=K, max_staleness=1, stale_policy="drop", filter_reason="zero_variance")
+
+
+def rewarded(rewards: list[float], version: int = 5) -> RolloutGroup:
+    g = group(version)
+    for sample, reward in zip(g.samples, rewards, strict=True):
+        sample.reward = reward
+    return g
+
+
+def test_dynamic_sampling_filters_a_group_whose_rewards_are_all_equal_and_keeps_one_with_signal():
+    tied = verdict(rewarded([0.5, 0.5]), FILTERING)
+    assert (tied.action, tied.reason, tied.decision) == (Action.FILTER, "zero_variance",
+                                                         StalenessDecision(0, "fresh"))
+    assert verdict(rewarded([0.5, 0.25]), FILTERING).action is Action.TRAIN
+    assert verdict(rewarded([0.5, 0.5]), BOUND).action is Action.TRAIN  # dynamic sampling off
+
+
+def test_dynamic_sampling_drops_a_stale_group_as_stale_and_never_filters_a_group_whose_update_was_lost():
+    assert verdict(rewarded([1.0, 1.0], version=3), FILTERING).action is Action.DROP  # 5 - 3 > 1
+    retrain = Known(frozenset(), retrain={"g00000007"})
+    assert verdict(rewarded([1.0, 1.0]), FILTERING, retrain).action is Action.TRAIN

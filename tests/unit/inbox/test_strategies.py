@@ -31,6 +31,7 @@ class Desk:
         self.strategy, self.arriving, self.in_flight, self.exhausted = strategy, arriving, in_flight, False
         self.stop = threading.Event()
         self.ticks: list[set[str]] = []  # what the strategy held at each tick
+        self.filter_reason: str | None = None  # dynamic sampling on: the reason groups are filtered for
 
     def tick(self, version, while_waiting) -> None:
         self.ticks.append(set(self.strategy.holding()))
@@ -45,18 +46,19 @@ class Desk:
     def keep(self, deliveries) -> None:
         self.kept = [d.identity for d in deliveries]
 
-    def receive(self, d: Delivery, version: int, window=None, held=frozenset()):
-        rules = Rules(K, max_staleness=1, stale_policy="drop", window=window)
+    def receive(self, d: Delivery, version: int, window=None, held=frozenset(), filtering=True):
+        reason = self.filter_reason if filtering else None
+        rules = Rules(K, max_staleness=1, stale_policy="drop", window=window, filter_reason=reason)
         known = Known(frozenset(), held=held)
         verdict = admit(d.identity, d.message, PolicyVersion(1, version), rules, known)
-        if verdict.action is Action.DROP:  # it ends: its credit is freed
+        if verdict.action in (Action.DROP, Action.FILTER):  # it ends: its credit is freed
             self.in_flight -= 1
         return verdict
 
 
-def learner(mode: str):
+def learner(mode: str, *overrides: str):
     return load_config(["configs/tiny.yaml"], [f"learner.staleness_mode={mode}", "learner.max_staleness=1",
-                                               "learner.groups_per_step=2"]).learner
+                                               "learner.groups_per_step=2", *overrides]).learner
 
 
 def collect(desk: Desk, version: int):
@@ -123,3 +125,43 @@ def test_windowed_settles_once_every_group_of_the_window_arrived():
     desk = Desk(strategy, [delivery(5, 2), delivery(6, 2)], in_flight=4)  # 2 trained, 2 still coming
     strategy.settle(desk, 2, 2, desk.stop, lambda: None)
     assert strategy.holding() == {"g00000005", "g00000006"} and not desk.stop.is_set()
+
+
+def informative(index: int, version: int, tied: bool) -> Delivery:
+    d = delivery(index, version)
+    for j, sample in enumerate(d.message.samples):
+        sample.reward = 1.0 if tied else float(j)
+    return d
+
+
+def test_bounded_with_dynamic_sampling_reads_past_filtered_groups_until_the_step_is_full():
+    strategy = Bounded(learner("bound", "learner.dynamic_sampling.enabled=true"))
+    arriving = [informative(1, 3, tied=True), informative(2, 3, tied=False), informative(3, 3, tied=True),
+                informative(4, 3, tied=False), informative(5, 3, tied=False)]
+    desk = Desk(strategy, arriving, in_flight=5)
+    desk.filter_reason = "zero_variance"
+    batch = collect(desk, 3)
+    assert batch is not None and batch.ids() == ["g00000002", "g00000004"]
+    assert (batch.filtered, batch.capped) == (2, False)
+    assert desk.in_flight == 3  # the two filtered groups ended: their credits are free for refills
+
+
+def test_bounded_at_the_refill_cap_trains_what_it_has():
+    # cap 0.5 x 2 groups = 1 filtered group: after g2 the step trains g1 alone
+    strategy = Bounded(learner("bound", "learner.dynamic_sampling.enabled=true",
+                               "learner.dynamic_sampling.refill_cap=0.5"))
+    desk = Desk(strategy, [informative(1, 3, tied=False), informative(2, 3, tied=True),
+                           informative(3, 3, tied=False)], in_flight=3)
+    desk.filter_reason = "zero_variance"
+    batch = collect(desk, 3)
+    assert batch is not None and batch.ids() == ["g00000001"] and (batch.filtered, batch.capped) == (1, True)
+
+
+def test_bounded_at_the_refill_cap_with_nothing_informative_fills_up_unfiltered():
+    strategy = Bounded(learner("bound", "learner.dynamic_sampling.enabled=true",
+                               "learner.dynamic_sampling.refill_cap=0.5"))
+    desk = Desk(strategy, [informative(i, 3, tied=True) for i in (1, 2, 3)], in_flight=3)
+    desk.filter_reason = "zero_variance"
+    batch = collect(desk, 3)
+    assert batch is not None and batch.ids() == ["g00000002", "g00000003"]  # g1 filtered, then no more
+    assert (batch.filtered, batch.capped) == (1, True)
