@@ -57,6 +57,9 @@ class GeneratorMetrics:
                                        registry=r))
 
 
+EPISODE_ENDS = ("done", "max_turns", "length", "error", "timeout", "malformed")
+
+
 class EpisodeMetrics:
     """Multi-turn episodes (task.env): turns, how episodes ended, tool calls and failures by tool, and the
     environment's step latency."""
@@ -74,3 +77,5 @@ class EpisodeMetrics:
                                    ["tool"], registry=r)
         self.step_seconds = Histogram(names.GENERATOR_ENV_STEP_SECONDS, "Seconds per environment step.",
                                       buckets=_SECONDS_BUCKETS, registry=r)
+        for end in EPISODE_ENDS:  # exported from the start: the dashboard's panels have data before any ends
+            self.ended.labels(end=end)
