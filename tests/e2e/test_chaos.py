@@ -38,11 +38,11 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
     are handed on)."""
     every = 4
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "3", "--kills", "3",
-           "--redis-kills", "0", "--kinds", "generator", "--signal", sig, "--tokens", "--every", "6,9",
+           "--redis-kills", "0", "--kinds", "generator", "--signal", sig, "--tokens", "--every", "4,6",
            "--root", str(tmp_path), "--timeout", "900", "generator.backend=vllm", "generator.mode=continuous",
            "model.tiny.heads=2", f"model.cache_dir={tmp_path}/cache", "generator.sampling.max_new_tokens=160",
            f"generator.save_every_tokens={every}", "learner.max_staleness=3",  # generation is the bottleneck:
-           "learner.total_steps=25", "learner.checkpoint_every=10"]  # kills find samples in flight
+           "learner.total_steps=60", "learner.checkpoint_every=10"]  # kills find samples in flight
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     out = done.stdout + done.stderr
