@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrlhf import metrics as names
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf.scrape import Snapshot, read_exposition
 from asyncrlhf.streams import PARTIALS, PAYLOAD_FIELD, PROMPTS, RunStreams
 from asyncrlhf.streams.partials import partial_tokens
 
@@ -85,8 +85,9 @@ def read_before_kill(pid: int, capacity: int, timeout_s: float = 2.0) -> KillRea
         text = httpx.get(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=timeout_s).text
     except httpx.HTTPError:
         return None
-    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-              if not s.labels}
+    snap = Snapshot()
+    read_exposition(text, "victim", snap)
+    values = snap.per_service["victim"]
     return KillReading(values.get(names.GENERATOR_TOKENS_TOTAL, 0.0),
                        values.get(names.GENERATOR_WRITTEN_TOKENS_TOTAL, 0.0),
                        values.get(names.GENERATOR_ENGINE_OCCUPANCY, 0.0) * capacity)

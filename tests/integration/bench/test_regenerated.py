@@ -48,3 +48,37 @@ def test_in_flight_at_the_end_takes_the_further_of_a_handed_on_prompt_and_its_sa
     streams.partials().save([group("g00000000", 10, 10), group("g00000002", 33),  # a killed one's save: 33
                              group("g00000004", 50)])  # saved, but the group ended (trained): not in flight
     assert in_flight_tokens(redis_client, run_name, ended={"g00000004"}) == 20 + 9 + 33
+
+
+def test_a_generators_counters_are_read_from_the_metrics_its_command_line_names(tmp_path):
+    """read_before_kill: the port from the process's own command line, the counters from its /metrics."""
+    import subprocess
+    import sys
+    import time
+
+    from asyncrlhf import metrics as names
+    from asyncrlhf.bench.regenerated import read_before_kill
+    from asyncrlhf.redis_server import free_port
+
+    port = free_port()
+    body = (f"{names.GENERATOR_TOKENS_TOTAL} 120.0\n{names.GENERATOR_WRITTEN_TOKENS_TOTAL} 90.0\n"
+            f"{names.GENERATOR_ENGINE_OCCUPANCY} 0.5\n")
+    server = ("import http.server, sys\n"
+              "class H(http.server.BaseHTTPRequestHandler):\n"
+              "    def do_GET(self):\n"
+              f"        body = {body!r}.encode()\n"
+              "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+              f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    proc = subprocess.Popen([sys.executable, "-c", server, f"generator.http_port={port}"])
+    try:
+        reading = None
+        for _ in range(50):
+            reading = read_before_kill(proc.pid, capacity=8)
+            if reading is not None:
+                break
+            time.sleep(0.1)
+        assert reading == KillReading(sampled=120.0, written=90.0, running=4.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert read_before_kill(proc.pid, capacity=8) is None  # gone: not read, counted apart by the bench
