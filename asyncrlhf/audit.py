@@ -172,7 +172,7 @@ def account(
             ended.setdefault(gid, set()).add(kind)
             if kind == Kind.TRAINED:
                 trained[gid] += 1
-        for samples, tokens in row.get("continued", {}).values() if kind == Kind.TRAINED else ():
+        for samples, tokens in row.get("continued", {}).values():  # only trained rows record them
             audit.continued["groups"] += 1
             audit.continued["samples"] += samples
             audit.continued["tokens"] += tokens

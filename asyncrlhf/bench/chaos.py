@@ -161,7 +161,7 @@ def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, secon
     with ExitStack() as stack:
         client = connect_for_audit(cfg, stack)
         audit = audit_run(cfg, client)
-        tokens = token_figures(args, cfg, client, ledger) if args.tokens else {}
+        tokens = token_figures(cfg, client, ledger) if args.tokens else {}
     result = {
         "seed": args.seed, "up_exit": code, "seconds": round(seconds, 1), "kills": dict(kills),
         "restarts": restarts, "redis_restarts": _count(log_path, "Redis exited"),
@@ -191,7 +191,7 @@ def _count(path: Path, text: str) -> int:
     return path.read_text(errors="replace").count(text) if path.exists() else 0
 
 
-def token_figures(args, cfg, client, ledger) -> dict:
+def token_figures(cfg, client, ledger) -> dict:
     from asyncrlhf.bench.regenerated import add_stopped, in_flight_tokens
     from asyncrlhf.consumed import ended_ids, history_of, read_rows
 
