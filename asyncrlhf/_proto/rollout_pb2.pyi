@@ -47,7 +47,7 @@ class PromptGroup(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., enqueued_at: _Optional[float] = ..., learner_version: _Optional[int] = ..., dataset_index: _Optional[int] = ..., epoch: _Optional[int] = ..., lineage: _Optional[int] = ..., reference: _Optional[str] = ..., partial_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., partial_lineage: _Optional[int] = ..., handoffs: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("completion_token_ids", "logprobs", "finish_reason", "text", "reward", "reward_components", "token_versions", "continued_from", "loss_mask", "env_reward", "turns", "episode_end")
+    __slots__ = ("completion_token_ids", "logprobs", "finish_reason", "text", "reward", "reward_components", "token_versions", "continued_from", "loss_mask", "env_reward", "turns", "episode_end", "turn_ends", "turn_rewards", "episode_context_ids")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,9 @@ class Sample(_message.Message):
     ENV_REWARD_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_END_FIELD_NUMBER: _ClassVar[int]
+    TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
+    TURN_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
     completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: FinishReason
@@ -79,7 +82,10 @@ class Sample(_message.Message):
     env_reward: float
     turns: int
     episode_end: str
-    def __init__(self, completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., token_versions: _Optional[_Iterable[int]] = ..., continued_from: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., env_reward: _Optional[float] = ..., turns: _Optional[int] = ..., episode_end: _Optional[str] = ...) -> None: ...
+    turn_ends: _containers.RepeatedScalarFieldContainer[int]
+    turn_rewards: _containers.RepeatedScalarFieldContainer[float]
+    episode_context_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., token_versions: _Optional[_Iterable[int]] = ..., continued_from: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., env_reward: _Optional[float] = ..., turns: _Optional[int] = ..., episode_end: _Optional[str] = ..., turn_ends: _Optional[_Iterable[int]] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., episode_context_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("group_id", "prompt", "samples", "policy_version", "generator_id", "generation_started_at", "generated_at", "scored_at", "scorer_id", "lineage")

@@ -132,10 +132,13 @@ class GeneratorConfig(Section):
         "longest sample ends, apply pushes between batches. `continuous` (vLLM backend): keep the engine "
         "full, start a group whenever k slots free up, write each group the step it ends, apply a push "
         "between two engine steps (tokens carry the version that sampled them), hand unfinished samples on "
-        "at a stop. The HF backend has no step-wise engine: it runs `batch` whatever this says, and says so.")
+        "at a stop; with task.env, each episode's next turn enters the engine when its environment step "
+        "returns (docs/environments.md). The HF backend has no step-wise engine: it runs `batch` whatever "
+        "this says, and says so.")
     max_running_samples: int = Field(
         0, ge=0, description="Continuous mode: samples in the engine at once (0: batch_prompts x "
-        "samples_per_prompt, the batch mode's). A group starts when k of them are free.")
+        "samples_per_prompt, the batch mode's); with task.env, episodes in flight, in the engine or waiting "
+        "on their environment. A group starts when k of them are free.")
     save_every_tokens: int = Field(
         32, ge=1, description="Continuous mode: save each group's samples in flight to Redis whenever they "
         "have grown by this many tokens since the last save, so a SIGKILLed generator loses at most this "

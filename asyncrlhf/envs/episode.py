@@ -38,7 +38,7 @@ class EpisodeLimits:
 
 @dataclass
 class Episode:
-    env: Env
+    env: Env | None  # None for an episode that ended on another generator (handed on as it was)
     tools: list[ToolSpec] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -46,20 +46,27 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     turns: int = 0
+    turn_ends: list[int] = field(default_factory=list)  # one past each ended model turn's last token
+    turn_rewards: list[float] = field(default_factory=list)  # each step's reward (their sum: `reward`)
     reward: float = 0.0
     end: str = ""  # empty while it runs
     finish: Finish = "length"
     step_seconds: list[float] = field(default_factory=list)
     tool_calls: dict[str, int] = field(default_factory=dict)
     tool_errors: dict[str, int] = field(default_factory=dict)
+    continued_from: int = 0  # leading tokens produced by another generator before a hand-on
 
     def completion(self) -> Completion:
-        return Completion(list(self.token_ids), list(self.logprobs), self.finish, tuple(self.versions))
+        return Completion(list(self.token_ids), list(self.logprobs), self.finish, tuple(self.versions),
+                          self.continued_from)
 
-    def append(self, ids: Sequence[int], logprobs: Sequence[float], version: int, *, model: bool) -> None:
+    def append(self, ids: Sequence[int], logprobs: Sequence[float], version: int | Sequence[int], *,
+               model: bool) -> None:
+        """Tokens after the episode's so far: the model's (`model`, trained on) or the environment's; one
+        version for all, or one per token."""
         self.token_ids += ids
         self.logprobs += logprobs
-        self.versions += [version] * len(ids)
+        self.versions += [version] * len(ids) if isinstance(version, int) else list(version)
         self.loss_mask += [int(model)] * len(ids)
 
 
@@ -70,7 +77,9 @@ Sample = Callable[[list[list[int]], int], tuple[list[Completion], int]]
 class EpisodeRunner:
     """Runs the episodes of a batch of prompts together: each turn, every running episode's context is one
     prompt of a single batched `sample` call, then every episode's environment steps at once (a thread
-    each), so a turn waits for its slowest step, not for the sum of them."""
+    each), so a turn waits for its slowest step, not for the sum of them. Its per-episode rules (`start`,
+    `room`, `take`, `step_env`, `after_step`) also drive the continuous episodes
+    (`asyncrlhf.envs.continuous`), one episode at a time."""
 
     def __init__(self, tokenizer, make_env: Callable[[], Env], limits: EpisodeLimits,
                  system_prompt: str = ""):
@@ -81,61 +90,69 @@ class EpisodeRunner:
             sample: Sample) -> list[list[Episode]]:
         """k episodes of each (prompt text, reference) (`k` one for all, or one per prompt): `out[i][j]`."""
         ks = [k] * len(prompts) if isinstance(k, int) else list(k)
-        groups = [[self._start(text, reference) for _ in range(n)]
+        groups = [[self.start(text, reference) for _ in range(n)]
                   for (text, reference), n in zip(prompts, ks, strict=True)]
         episodes = [e for group in groups for e in group]
         while running := [e for e in episodes if not e.end]:
-            room = [self._room(e) for e in running]
+            room = [self.room(e) for e in running]
             budget = max(room)
             completions, version = sample([e.prompt_ids + e.token_ids for e in running], budget)
             cut = [_cut(c, limit) for c, limit in zip(completions, room, strict=True)]
-            actions = [self._take(e, c, version) for e, c in zip(running, cut, strict=True)]
+            actions = [self.take(e, c, version) for e, c in zip(running, cut, strict=True)]
             with ThreadPoolExecutor(max_workers=min(len(running), MAX_PARALLEL_STEPS)) as pool:
-                outcomes = list(pool.map(self._step, running, actions))
+                outcomes = list(pool.map(self.step_env, running, actions))
             for episode, completion, outcome in zip(running, cut, outcomes, strict=True):
-                self._turn(episode, completion, outcome, version)
+                self.after_step(episode, completion.finish, outcome)
         return groups
 
-    def _start(self, prompt: str, reference: str | None) -> Episode:
-        episode = Episode(env=self.make_env())
+    def start(self, prompt: str, reference: str | None) -> Episode:
+        """A new episode: a fresh environment, reset on the prompt, its first context rendered."""
+        env = self.make_env()
+        episode = Episode(env=env)
         try:
-            episode.tools = base.tools_of(episode.env)
-            first = base.reset(episode.env, prompt, reference, self.limits.step_timeout_s)
+            episode.tools = base.tools_of(env)
+            first = base.reset(env, prompt, reference, self.limits.step_timeout_s)
         except EnvFailure as err:
             first, episode.end = [{"role": "user", "content": prompt}], err.reason
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         text = render_chat(self.tokenizer, system + first, episode.tools)
         episode.prompt_ids = self._ids(text)
-        if not episode.end and self._room(episode) <= 0:
+        if not episode.end and self.room(episode) <= 0:
             episode.end = "length"
         return episode
 
-    def _room(self, e: Episode) -> int:
+    def room(self, e: Episode) -> int:
         """New tokens this turn may take: the turn's limit, within the episode's budget and the context."""
         lim = self.limits
         return min(lim.max_turn_tokens, lim.max_episode_tokens - len(e.token_ids),
                    lim.max_positions - len(e.prompt_ids) - len(e.token_ids))
 
-    def _take(self, episode: Episode, completion: Completion, version: int) -> str:
-        """The model's turn into the episode; its text, the environment's action."""
-        episode.append(completion.token_ids, completion.logprobs, version, model=True)
+    def take(self, episode: Episode, completion: Completion, version: int | None = None) -> str:
+        """The model's turn into the episode (sampled by `version`, or by `completion.versions` per token);
+        its text, the environment's action."""
+        versions = completion.versions if version is None else version
+        episode.append(completion.token_ids, completion.logprobs, versions, model=True)
         episode.turns += 1
+        episode.turn_ends.append(len(episode.token_ids))
         return self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
 
-    def _step(self, episode: Episode, action: str) -> StepResult | EnvFailure:
-        """One environment step (on a pool thread: the batch's steps run at once)."""
+    def step_env(self, episode: Episode, action: str) -> StepResult | EnvFailure:
+        """One environment step (on a pool thread: steps of many episodes run at once)."""
+        assert episode.env is not None, "an ended episode takes no step"
         try:
             return base.step(episode.env, action, self.limits.step_timeout_s)
         except EnvFailure as err:
             return err
 
-    def _turn(self, episode: Episode, completion: Completion, result: StepResult | EnvFailure,
-              version: int) -> None:
+    def after_step(self, episode: Episode, finish: Finish, result: StepResult | EnvFailure) -> None:
+        """The step's outcome into the episode, after the turn that ended with `finish`: its reward, and the
+        end of the episode or the observation the next turn follows."""
         if isinstance(result, EnvFailure):
-            episode.end, episode.finish = result.reason, completion.finish
+            episode.end, episode.finish = result.reason, finish
             return
         episode.step_seconds.append(result.seconds)
         episode.reward += result.reward
+        episode.turn_rewards.append(result.reward)
         for name, n in result.tool_calls.items():
             episode.tool_calls[name] = episode.tool_calls.get(name, 0) + n
         for name, n in result.tool_errors.items():
@@ -143,13 +160,14 @@ class EpisodeRunner:
         if result.done:
             episode.end, episode.finish = "done", "stop"
         elif episode.turns >= self.limits.max_turns:
-            episode.end, episode.finish = "max_turns", completion.finish
+            episode.end, episode.finish = "max_turns", finish
         else:
-            self._observe(episode, completion, result.messages, version)
+            self._observe(episode, finish, result.messages)
 
-    def _observe(self, episode: Episode, completion: Completion, messages: list[Message],
-                 version: int) -> None:
-        closing = [] if completion.finish == "stop" else [self.tokenizer.eos_token_id]
+    def _observe(self, episode: Episode, finish: Finish, messages: list[Message]) -> None:
+        """The observation's ids after the turn (an EOS first when the turn was cut by length), with the
+        version of the turn's last token."""
+        closing = [] if finish == "stop" else [self.tokenizer.eos_token_id]
         try:
             ids = closing + self._ids(observation_text(self.tokenizer, messages, episode.tools))
         except ValueError as err:
@@ -161,7 +179,7 @@ class EpisodeRunner:
         if left <= 0:  # no room for a model turn after it: the observation is not appended
             episode.end, episode.finish = "length", "length"
             return
-        episode.append(ids, [0.0] * len(ids), version, model=False)
+        episode.append(ids, [0.0] * len(ids), episode.versions[-1], model=False)
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,5 +1,6 @@
 """A prompt's k episodes as the RolloutGroup the pipeline carries: each episode's tokens after the group's
-prompt, with the loss mask, the environment's reward, the turns and why the episode ended."""
+prompt, with the loss mask, the environment's reward (in all and per turn), the turns and why the episode
+ended."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def episode_group(prompt: PromptGroup, episodes: Sequence[Episode], version: Pol
     for e in episodes:
         lead = e.prompt_ids[len(prefix):]
         first_version = e.versions[0] if e.versions else version.step
+        carried = len(lead) + e.continued_from if e.continued_from else 0
         completions.append(Completion(lead + e.token_ids, [0.0] * len(lead) + e.logprobs, e.finish,
-                                      tuple([first_version] * len(lead) + e.versions)))
+                                      tuple([first_version] * len(lead) + e.versions), carried))
         masks.append([0] * len(lead) + e.loss_mask)
     opened = PromptGroup()
     opened.CopyFrom(prompt)
@@ -42,5 +44,7 @@ def episode_group(prompt: PromptGroup, episodes: Sequence[Episode], version: Pol
         sample.loss_mask[:] = mask
         sample.env_reward = e.reward
         sample.turns = e.turns
+        sample.turn_ends[:] = [end + len(mask) - len(e.loss_mask) for end in e.turn_ends]
+        sample.turn_rewards[:] = e.turn_rewards
         sample.episode_end = e.end
     return group

@@ -15,7 +15,7 @@ import threading
 import time
 from contextlib import nullcontext
 
-from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling.continuous import ContinuousSampler, GroupRun, StepEngine
@@ -109,13 +109,18 @@ class ContinuousLoop(GeneratorLoop):
         messages = [d.message for d, _, _ in work]
         prompts = self.partials.further(messages) if self.partials else messages
         for (d, ids, k_group), prompt in zip(work, prompts, strict=True):
-            partial = progress_of(prompt, lineage)
-            continued = sum(1 for p in partial if p.finish is None and p.token_ids)
-            if continued:
-                self.metrics.continued_samples.inc(continued)
-                log.info("continuing group %s: %d samples from %d tokens sampled elsewhere",
-                         d.message.group_id, continued, sum(len(p.token_ids) for p in partial))
-            self.sampler.start(d, d.message.group_id, ids, k_group, lineage=lineage, partial=partial)
+            self._start(d, ids, k_group, prompt, lineage)
+
+    def _start(self, d: Delivery[PromptGroup], ids: list[int], k: int, prompt: PromptGroup,
+               lineage: int) -> None:
+        """Start a group read from the stream (`prompt`: its message, or its saved progress if further)."""
+        partial = progress_of(prompt, lineage)
+        continued = sum(1 for p in partial if p.finish is None and p.token_ids)
+        if continued:
+            self.metrics.continued_samples.inc(continued)
+            log.info("continuing group %s: %d samples from %d tokens sampled elsewhere",
+                     d.message.group_id, continued, sum(len(p.token_ids) for p in partial))
+        self.sampler.start(d, d.message.group_id, ids, k, lineage=lineage, partial=partial)
 
     def _restart_other_lineages(self, served: PolicyVersion) -> None:
         """Weights of another learner lineage arrived: samples begun under the old one start again."""
@@ -131,19 +136,24 @@ class ContinuousLoop(GeneratorLoop):
         if not runs:
             return 0
         now = time.time()
-        groups = [rollout_group(run.tag.message, [s.completion() for s in run.samples],
-                                PolicyVersion(run.lineage, self.backend.version), self.generator_id,
-                                run.started_at, now, self._decode) for run in runs]
+        groups = [self._rollout(run, now) for run in runs]
         self.consumer.ack([run.tag for run in runs], groups, to=self.producer)
         if self.partials:
             self.partials.forget([run.group_id for run in runs])
-        written = sum(len(s.completion_token_ids) for g in groups for s in g.samples)
+        # the model's tokens (an episode's environment tokens, loss mask 0, are not sampled)
+        written = sum(sum(s.loss_mask) if s.loss_mask else len(s.completion_token_ids)
+                      for g in groups for s in g.samples)
         self._written_tokens += written
         self.metrics.written_tokens.inc(written)
         self.metrics.groups.inc(len(groups))
         for run in runs:
             self.metrics.batch_seconds.observe(now - run.started_at)
         return len(groups)
+
+    def _rollout(self, run: Run, now: float) -> RolloutGroup:
+        return rollout_group(run.tag.message, [s.completion() for s in run.samples],
+                             PolicyVersion(run.lineage, self.backend.version), self.generator_id,
+                             run.started_at, now, self._decode)
 
     def _save_due(self) -> None:
         """Save the groups grown by `save_every_tokens` on any sample since their last save, and keep every

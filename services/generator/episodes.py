@@ -5,8 +5,10 @@ between turns (each token records the version that sampled it), and environment 
     read <= batch_prompts PromptGroups -> run their episodes turn by turn -> XADD the RolloutGroups and XACK
     the prompts in one atomic step
 
-Episodes run in batch mode (a batch's next turn waits for its slowest step); an episode's turns stay on this
+This is batch mode (a batch's next turn waits for its slowest step); an episode's turns stay on this
 generator, and a generator that stops leaves its groups pending, re-claimed and run again elsewhere.
+`generator.mode: continuous` runs episodes in the continuous engine instead
+(`services.generator.continuous_episodes`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from asyncrlhf.sampling import Completion
 from asyncrlhf.streams import Delivery
 from asyncrlhf.version import PolicyVersion
 from services.generator.loop import GeneratorLoop, PromptIO
+from services.generator.metrics import EpisodeMetrics
 from services.generator.server import WeightSwap
 
 log = logging.getLogger(__name__)
@@ -38,12 +41,8 @@ class EpisodeLoop(GeneratorLoop):
     def __init__(self, cfg: Config, swap: WeightSwap, io: PromptIO, tokenizer, generator_id: str,
                  cores: CoreShare | None = None, envs: EnvFactory | None = None):
         super().__init__(cfg, swap, io, tokenizer, generator_id, cores)
-        env = cfg.task.env
-        self.envs = envs or EnvFactory(env)
-        limits = EpisodeLimits(max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                               max_turn_tokens=cfg.generator.sampling.max_new_tokens,
-                               step_timeout_s=env.step_timeout_s, max_positions=max_positions(cfg))
-        self.runner = EpisodeRunner(tokenizer, self.envs, limits, cfg.model.system_prompt or "")
+        self.envs = envs or EnvFactory(cfg.task.env)
+        self.runner = EpisodeRunner(tokenizer, self.envs, episode_limits(cfg), cfg.model.system_prompt or "")
 
     def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
         work = self._admit(deliveries)
@@ -81,21 +80,32 @@ class EpisodeLoop(GeneratorLoop):
         return [group[0] for group in out], version
 
     def _record_episodes(self, episodes: list[Episode], seconds: float) -> None:
-        m = self.metrics.episodes
-        for e in episodes:
-            m.turns.observe(e.turns)
-            m.ended.labels(end=e.end.split(":")[0]).inc()
-            for name, n in e.tool_calls.items():
-                m.tool_calls.labels(tool=name).inc(n)
-            for name, n in e.tool_errors.items():
-                m.tool_errors.labels(tool=name).inc(n)
-            for s in e.step_seconds:
-                m.step_seconds.observe(s)
+        observe_episodes(self.metrics.episodes, episodes)
         tokens = sum(sum(e.loss_mask) for e in episodes)  # the model's: environment tokens are not generated
         self.metrics.tokens.inc(tokens)
         self.metrics.written_tokens.inc(tokens)
         self.metrics.batch_seconds.observe(seconds)
         self.metrics.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)
+
+
+def observe_episodes(m: EpisodeMetrics, episodes: list[Episode]) -> None:
+    """Each ended episode's turns, end, tool calls and errors, and environment step latencies."""
+    for e in episodes:
+        m.turns.observe(e.turns)
+        m.ended.labels(end=e.end.split(":")[0]).inc()
+        for name, n in e.tool_calls.items():
+            m.tool_calls.labels(tool=name).inc(n)
+        for name, n in e.tool_errors.items():
+            m.tool_errors.labels(tool=name).inc(n)
+        for s in e.step_seconds:
+            m.step_seconds.observe(s)
+
+
+def episode_limits(cfg: Config) -> EpisodeLimits:
+    env = cfg.task.env
+    return EpisodeLimits(max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
+                         max_turn_tokens=cfg.generator.sampling.max_new_tokens,
+                         step_timeout_s=env.step_timeout_s, max_positions=max_positions(cfg))
 
 
 def max_positions(cfg: Config) -> int:

@@ -23,6 +23,7 @@ from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
 from services.generator.continuous import ContinuousLoop
+from services.generator.continuous_episodes import ContinuousEpisodeLoop
 from services.generator.episodes import EpisodeLoop
 from services.generator.http import make_http_app
 from services.generator.loop import GeneratorLoop, PromptIO
@@ -43,17 +44,10 @@ HF_BATCH_ONLY = ("generator.mode=continuous needs a step-wise engine, which the 
                  "pushes applied between batches); use generator.backend=vllm for continuous mode")
 
 
-EPISODES_BATCH_ONLY = ("task.env runs multi-turn episodes in batch mode (each turn of a batch is one engine "
-                       "call; pushes land between turns): generator.mode=continuous is not applied")
-
-
 def effective_mode(cfg: Config, backend: Backend) -> str:
-    """The mode this generator runs: `continuous` only on the vLLM backend (HF_BATCH_ONLY says why), and
-    never for episodes (EPISODES_BATCH_ONLY)."""
+    """The mode this generator runs: `continuous` only on the vLLM backend (HF_BATCH_ONLY says why), for
+    single-turn samples and for episodes alike."""
     if cfg.generator.mode != "continuous":
-        return "batch"
-    if cfg.task.env.kind != "none":
-        log.warning(EPISODES_BATCH_ONLY)
         return "batch"
     if isinstance(backend, VLLMBackend):
         return "continuous"
@@ -89,7 +83,8 @@ class GeneratorService:
             self.backend.driver = engine  # the API's requests join the loop's engine steps
             self.backend.recompute_inflight = cfg.generator.vllm.inflight_kv == "recompute"
             self.api_gate = BackendGate()  # API batches queue among themselves; the engine's steps are shared
-            self.loop = ContinuousLoop(cfg, self.swap, io, self.tokenizer, self.id, engine, cores=self.cores)
+            continuous = ContinuousEpisodeLoop if cfg.task.env.kind != "none" else ContinuousLoop
+            self.loop = continuous(cfg, self.swap, io, self.tokenizer, self.id, engine, cores=self.cores)
         elif cfg.task.env.kind != "none":
             self.loop = EpisodeLoop(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
         else:

@@ -1,0 +1,91 @@
+"""Episodes in the continuous loop (`generator.mode: continuous` with `task.env`): the continuous loop's Redis
+I/O, gate, saves and hand-on, over `asyncrlhf.envs.continuous.ContinuousEpisodes` instead of single-turn
+samples.
+
+    read groups while slots are free (handed-on or saved episodes replayed) -> environment calls that
+    returned put their episodes' next turns into the engine -> one engine step under the gate -> XADD each
+    group whose k episodes ended and XACK its prompt atomically -> save progress every `save_every_tokens`
+    -> on stop: every unfinished group back to the prompts stream with its episodes' transcripts
+
+A slot is an episode in flight, in the engine or waiting on its environment (`max_running_samples`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup
+from asyncrlhf.config import Config
+from asyncrlhf.cores import CoreShare
+from asyncrlhf.envs.continuous import ContinuousEpisodes, EpisodeRun
+from asyncrlhf.envs.episode import EpisodeRunner
+from asyncrlhf.envs.handon import partial_sample
+from asyncrlhf.envs.loading import EnvFactory
+from asyncrlhf.envs.rollouts import episode_group
+from asyncrlhf.sampling.continuous import StepEngine
+from asyncrlhf.streams import Delivery
+from asyncrlhf.version import PolicyVersion
+from services.generator.continuous import ContinuousLoop
+from services.generator.episodes import episode_limits, observe_episodes
+from services.generator.loop import PromptIO
+from services.generator.server import WeightSwap
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 0.05  # with no turn in the engine, how long a step waits for an environment call to return
+
+
+class ContinuousEpisodeLoop(ContinuousLoop):
+    def __init__(self, cfg: Config, swap: WeightSwap, io: PromptIO, tokenizer, generator_id: str,
+                 engine: StepEngine, cores: CoreShare | None = None):
+        super().__init__(cfg, swap, io, tokenizer, generator_id, engine, cores)
+        self.envs = EnvFactory(cfg.task.env)
+        self.runner = EpisodeRunner(tokenizer, self.envs, episode_limits(cfg), cfg.model.system_prompt or "")
+        self.episodes: ContinuousEpisodes[Delivery[PromptGroup]] = ContinuousEpisodes(
+            engine, self.runner, cfg.generator.sampling)
+        self.sampler = self.episodes  # type: ignore[assignment]  # the same interface, over episodes
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            super().run(stop)
+        finally:
+            self.episodes.close()
+
+    def step(self) -> int:
+        self.episodes.settle(SETTLE_S)  # outside the gate: a push never waits on an environment
+        return super().step()
+
+    def _start(self, d: Delivery[PromptGroup], ids: list[int], k: int, prompt: PromptGroup,
+               lineage: int) -> None:
+        partial = list(prompt.partial_samples) if prompt.partial_lineage == lineage else []
+        unfinished = FinishReason.FINISH_REASON_UNSPECIFIED
+        continued = sum(1 for p in partial if p.completion_token_ids and p.finish_reason == unfinished)
+        if continued:
+            self.metrics.continued_samples.inc(continued)
+            log.info("continuing group %s: %d episodes from %d tokens produced elsewhere (replayed into "
+                     "fresh environments)", d.message.group_id, continued,
+                     sum(len(p.completion_token_ids) for p in partial))
+        self.episodes.start(d, d.message.group_id, d.message.prompt, d.message.reference or None, k,
+                            lineage=lineage, partial=partial)
+
+    def _emit(self, runs: list) -> int:
+        for run in runs:
+            if run.restarted:
+                log.warning("group %s: %d handed-on episodes could not be replayed (the environment answered "
+                            "differently) and started again", run.group_id, run.restarted)
+            observe_episodes(self.metrics.episodes, run.episodes)
+        return super()._emit(runs)
+
+    def _rollout(self, run: EpisodeRun, now: float) -> RolloutGroup:  # type: ignore[override]
+        return episode_group(run.tag.message, run.episodes, PolicyVersion(run.lineage, self.backend.version),
+                             self.generator_id, run.started_at, now, self._decode)
+
+    def _progress(self, run: EpisodeRun) -> PromptGroup:  # type: ignore[override]
+        """The group with its episodes' transcripts (`asyncrlhf.envs.handon`), for another generator."""
+        out = PromptGroup()
+        out.CopyFrom(run.tag.message)
+        del out.partial_samples[:]
+        out.partial_samples.extend(partial_sample(s.episode, s.turn) for s in run.samples)
+        out.partial_lineage = run.lineage
+        return out
