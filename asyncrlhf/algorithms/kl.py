@@ -68,21 +68,33 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
 
 
 def shape_rewards(
-    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    turn_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token PPO rewards: ``-kl_coef * kl`` on every real token, plus the sequence score on the last one.
 
-    Ziegler et al. 2019, eq. 2: R(x, y) = r(x, y) - β KL. A row with no real token gets no score.
+    Ziegler et al. 2019, eq. 2: R(x, y) = r(x, y) - β KL. A row with no real token gets no score. A
+    multi-turn episode's per-turn rewards (``turn_rewards``, each at its turn's last token) stay where they
+    are, and only the rest of the score, ``scores - turn_rewards.sum(-1)``, goes on the last real token: a
+    row's rewards still sum to its score (less the KL), and a token is credited only with the rewards of its
+    own turn and those after it.
 
     Args:
-        scores: (B,) reward-model scores. kl: (B, T) per-token KL (``kl_penalty``). mask: (B, T).
-        kl_coef: β.
+        scores: (B,) sequence scores (per-turn rewards included). kl: (B, T) per-token KL (``kl_penalty``).
+        mask: (B, T). kl_coef: β. turn_rewards: (B, T), 0 except at each turn's last real token; None: none.
 
     Returns:
         (B, T) rewards, 0 on masked positions.
     """
     real = mask.to(kl.dtype)
     rewards = torch.where(mask.bool(), -kl_coef * kl, 0.0)
+    if turn_rewards is not None:
+        placed = torch.where(mask.bool(), turn_rewards.to(kl.dtype), 0.0)
+        rewards = rewards + placed
+        scores = scores.to(kl.dtype) - placed.sum(dim=1)
     positions = torch.arange(mask.shape[1], device=mask.device)
     last = (real * positions).argmax(dim=1, keepdim=True)  # index of the last real token
     has_tokens = real.sum(dim=1, keepdim=True) > 0

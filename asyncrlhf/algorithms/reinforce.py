@@ -26,6 +26,7 @@ def reinforce_pp_advantages(
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     gamma: float = 1.0,
+    turn_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """REINFORCE++: ``A_t = Σ_{s ≥ t} γ^(s-t) r_s`` of the KL-shaped rewards, whitened over the batch.
 
@@ -33,12 +34,14 @@ def reinforce_pp_advantages(
         scores: (B,) sequence scores. mask: (B, T).
         kl: (B, T) per-token KL to the reference (``kl_penalty``); None means no penalty.
         kl_coef: β of the per-token penalty. gamma: discount (1 in the paper).
+        turn_rewards: (B, T) an episode's per-turn rewards at each turn's last token, part of ``scores``
+            (``shape_rewards``); None: the whole score on the last token.
 
     Returns:
         (B, T) advantages, 0 on masked positions.
     """
     kl = torch.zeros_like(mask, dtype=scores.dtype) if kl is None else kl
-    rewards = shape_rewards(scores, kl, mask, kl_coef)
+    rewards = shape_rewards(scores, kl, mask, kl_coef, turn_rewards)
     returns, _ = gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)  # λ = 1, V = 0: returns-to-go
     return whiten(returns, mask)
 
@@ -49,18 +52,20 @@ def reinforce_pp_baseline_advantages(
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     gamma: float = 1.0,
+    turn_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """REINFORCE++-baseline: subtract each prompt group's mean score, then as ``reinforce_pp_advantages``.
+    """REINFORCE++-baseline: subtract each prompt group's mean score, then as ``reinforce_pp_advantages``
+    (per-turn rewards stay at their turns; the baseline is taken off the rest, on the last token).
 
     Args:
         scores: (G, k) sequence scores; rows of ``mask`` and ``kl`` are the G * k samples, group-major.
-        mask: (G * k, T). kl, kl_coef, gamma: as in ``reinforce_pp_advantages``.
+        mask: (G * k, T). kl, kl_coef, gamma, turn_rewards: as in ``reinforce_pp_advantages``.
 
     Returns:
         (G * k, T) advantages.
     """
     centred = scores - scores.mean(dim=1, keepdim=True)
-    return reinforce_pp_advantages(centred.flatten(), mask, kl, kl_coef, gamma)
+    return reinforce_pp_advantages(centred.flatten(), mask, kl, kl_coef, gamma, turn_rewards)
 
 
 def _sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, denominator: Denominator) -> torch.Tensor:

@@ -61,6 +61,10 @@ def validate_group(group: RolloutGroup, k: int) -> str | None:
             return f"sample {i}: {len(s.logprobs)} log-probs for {len(s.completion_token_ids)} tokens"
         if s.loss_mask and len(s.loss_mask) != len(s.completion_token_ids):
             return f"sample {i}: a loss mask of {len(s.loss_mask)} for {len(s.completion_token_ids)} tokens"
+        if len(s.turn_rewards) > len(s.turn_ends) or any(
+                not 0 < end <= len(s.completion_token_ids) or (s.loss_mask and not s.loss_mask[end - 1])
+                for end in s.turn_ends):
+            return f"sample {i}: turn ends {list(s.turn_ends)[:8]} or rewards do not fit its model's tokens"
     return None
 
 
@@ -78,6 +82,7 @@ class SequenceBatch:
     corrected: torch.Tensor  # (B,) bool, the group's staleness decision is "correct" (which tokens: below)
     corrected_tokens: torch.Tensor  # (B, T) bool, the token is importance-corrected; False on padding
     token_staleness: torch.Tensor  # (B, T) long, versions between the token's sampler and the learner; 0 pad
+    turn_rewards: torch.Tensor  # (B, T) an episode's per-turn rewards at each turn's last token; 0 elsewhere
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by objectives
 
     def __len__(self) -> int:
@@ -137,6 +142,7 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
     behaviour = torch.zeros((b, width_t))
     corrected_tokens = torch.zeros((b, width_t), dtype=torch.bool)
     token_staleness = torch.zeros((b, width_t), dtype=torch.long)
+    turn_rewards = torch.zeros((b, width_t))
     for i, ((prompt, sample, *_rest), (corrected, staleness)) in enumerate(zip(rows, per_token, strict=True)):
         completion = list(sample.completion_token_ids)
         n_p, n_c = len(prompt), len(completion)
@@ -146,6 +152,8 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         behaviour[i, :n_c] = torch.tensor(list(sample.logprobs), dtype=torch.float)
         corrected_tokens[i, :n_c] = torch.tensor(corrected, dtype=torch.bool)
         token_staleness[i, :n_c] = torch.tensor(staleness, dtype=torch.long)
+        for end, reward in zip(sample.turn_ends, sample.turn_rewards, strict=False):  # a failed step: none
+            turn_rewards[i, end - 1] += reward
     return SequenceBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -159,4 +167,5 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         corrected=torch.tensor([c for *_, c in rows], dtype=torch.bool),
         corrected_tokens=corrected_tokens,
         token_staleness=token_staleness,
+        turn_rewards=turn_rewards,
     )

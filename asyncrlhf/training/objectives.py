@@ -187,7 +187,8 @@ class BestOfN:
 
 class PolicyGradient(_KLMixin):
     """RLOO, GRPO, Dr. GRPO and REINFORCE++(-baseline): group advantages, clipped surrogate around the
-    pre-update policy, importance-weighted where stale."""
+    pre-update policy, importance-weighted where stale. An episode's per-turn rewards: REINFORCE++ keeps
+    them at their turns (token-level returns); RLOO and the GRPOs compare sequences, on their sum."""
 
     unit, needs_reference, needs_values, needs_old_logps = 1, True, False, True
 
@@ -208,7 +209,8 @@ class PolicyGradient(_KLMixin):
         if self.algorithm == "reinforce_pp":
             scores = rows.scores_by_group()
             coef = self.kl_coef if in_reward else 0.0
-            advantages = A.reinforce_pp_baseline_advantages(scores, rows.mask, kl, coef)
+            advantages = A.reinforce_pp_baseline_advantages(scores, rows.mask, kl, coef,
+                                                            turn_rewards=rows.turn_rewards)
         else:
             scores = rows.scores
             if in_reward:
@@ -241,8 +243,9 @@ _GROUP_ADVANTAGES = {
 
 
 class PPO(_KLMixin):
-    """PPO with a value model: KL-shaped per-token rewards, GAE, clipped policy and value losses
-    (Ziegler et al. 2019; Huang et al. 2024 for the details), several epochs of mini-batches per step."""
+    """PPO with a value model: KL-shaped per-token rewards (an episode's per-turn rewards at each turn's
+    last token), GAE, clipped policy and value losses (Ziegler et al. 2019; Huang et al. 2024 for the
+    details), several epochs of mini-batches per step."""
 
     unit, needs_reference, needs_values, needs_old_logps = 1, True, True, True
 
@@ -258,7 +261,7 @@ class PPO(_KLMixin):
     def prepare(self, rows: SequenceBatch) -> SequenceBatch:
         kl = self._reward_kl(rows)
         coef = self.kl_coef if self.kl_placement == "reward" else 0.0
-        rewards = A.shape_rewards(rows.scores, kl, rows.mask, coef)
+        rewards = A.shape_rewards(rows.scores, kl, rows.mask, coef, rows.turn_rewards)
         old_values = rows.extras["old_values"] * rows.mask
         advantages, returns = A.gae(rewards, old_values, rows.mask, self.ppo.gamma, self.ppo.lam)
         if self.ppo.whiten_advantages:

@@ -80,3 +80,16 @@ def test_adaptive_kl_controller():
 def test_adaptive_kl_controller_rejects_bad_target():
     with pytest.raises(ValueError, match="target > 0"):
         AdaptiveKLController(init_kl_coef=0.1, target=0.0, horizon=10000)
+
+
+def test_shape_rewards_keeps_per_turn_rewards_at_their_turns():
+    # an episode: model turn 1 (t0, t1), the observation (t2, t3: masked), model turn 2 (t4, t5);
+    # turn 1's step rewarded 0.5 (at t1); the score 2.0 holds it, so 2.0 - 0.5 = 1.5 goes on the last token
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1]])
+    kl = torch.full((1, 6), 0.2)
+    turn_rewards = torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.0, 0.0]])
+    rewards = shape_rewards(torch.tensor([2.0]), kl, mask, kl_coef=0.5, turn_rewards=turn_rewards)
+    # -0.5 * 0.2 = -0.1 on each model token; t1: -0.1 + 0.5 = 0.4; t5: -0.1 + 1.5 = 1.4
+    assert_close(rewards, torch.tensor([[-0.1, 0.4, 0.0, 0.0, -0.1, 1.4]]))
+    # the row still sums to the score less the KL: 2.0 - 4 * 0.1 = 1.6
+    assert rewards.sum().item() == pytest.approx(1.6)

@@ -48,3 +48,24 @@ def test_prompts_left_padded_completions_aligned_at_one_column():
 def test_groups_of_different_sizes_are_refused():
     with pytest.raises(ValueError, match="same number of samples"):
         build_batch([TrainGroup(group("a", [5], [[7], [8]])), TrainGroup(group("b", [5], [[7]]))], pad_id=0)
+
+
+def test_an_episodes_turn_rewards_sit_at_each_turns_last_model_token():
+    # turn 1: tokens 0-1; observation 2-3 (masked); turn 2: 4-5; the steps rewarded 0.5 and 1.0
+    episode = Sample(completion_token_ids=[11, 12, 13, 14, 15, 16], logprobs=[-1.0] * 6,
+                     loss_mask=[1, 1, 0, 0, 1, 1], turn_ends=[2, 6], turn_rewards=[0.5, 1.0], reward=1.5)
+    single = Sample(completion_token_ids=[11, 12], logprobs=[-1.0] * 2, reward=0.0)
+    rows = build_batch([TrainGroup(RolloutGroup(group_id="g", prompt=PromptGroup(prompt_token_ids=[1]),
+                                                samples=[episode, single], policy_version=1))], pad_id=0)
+    assert rows.turn_rewards.tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0, 1.0], [0.0] * 6]
+
+
+@pytest.mark.parametrize("ends, rewards", [([3], [1.0]), ([7], [1.0]), ([2], [1.0, 2.0])],
+                         ids=["at-an-environment-token", "past-the-end", "more-rewards-than-turns"])
+def test_turn_ends_that_do_not_fit_the_model_tokens_are_refused(ends, rewards):
+    from asyncrlhf.training.batch import validate_group
+
+    episode = Sample(completion_token_ids=[11, 12, 13, 14, 15, 16], logprobs=[-1.0] * 6,
+                     loss_mask=[1, 1, 0, 0, 1, 1], turn_ends=ends, turn_rewards=rewards, reward=1.0)
+    group = RolloutGroup(group_id="g", prompt=PromptGroup(prompt_token_ids=[1]), samples=[episode])
+    assert "turn ends" in validate_group(group, 1)

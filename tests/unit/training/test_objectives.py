@@ -104,3 +104,21 @@ def test_decoupled_masks_a_stale_token_above_the_cap_and_never_a_fresh_one():
     # version 5 is fresh: w = 1 although exp(1 - -3) = e^4 is far above the cap
     out = objective.loss(rows, logps, None, Totals(tokens=3, items=2))
     assert_close(out.policy, torch.tensor(-(math.exp(0.5) + 0 + 1) / 3))
+
+
+def test_reinforce_pp_uses_per_turn_rewards_and_grpo_their_sum():
+    """Two episodes of one prompt, tokens (turn 1, observation, turn 2): episode 0's first step rewarded 1.0
+    (its score 1.0), episode 1's nothing (0.0). REINFORCE++ credits turn 1's reward to turn 1 only; GRPO gives
+    every token of a sequence the same advantage, from the sequence's score (the sum)."""
+    samples = [Sample(completion_token_ids=[7, 8, 9], logprobs=[-1.0] * 3, loss_mask=[1, 0, 1],
+                      turn_ends=[1, 3], turn_rewards=rewards, reward=sum(rewards))
+               for rewards in ([1.0, 0.0], [0.0, 0.0])]
+    group = RolloutGroup(group_id="g00000000", prompt=PromptGroup(prompt_token_ids=[5, 6], k=2),
+                         samples=samples, policy_version=5)
+    rows = build_batch([TrainGroup(group)], pad_id=0)
+    reinforce = make_objective(config("reinforce_pp")).prepare(rows).extras["advantages"]
+    grpo = make_objective(config("grpo")).prepare(rows).extras["advantages"]
+    # REINFORCE++-baseline: centred scores 0.5, -0.5; row 0 rewards (1.0, -, 0.5 - 1.0 = -0.5), returns
+    # (0.5, -, -0.5); row 1 (0, -, -0.5), returns (-0.5, -, -0.5): whitened, turn 1 of episode 0 alone is up
+    assert reinforce[0, 0] > 0 > reinforce[0, 2] and reinforce[0, 2] == pytest.approx(reinforce[1, 0].item())
+    assert grpo[0, 0] == grpo[0, 2] > 0 > grpo[1, 0] == grpo[1, 2]
