@@ -9,7 +9,8 @@ process on every core, no services: `asyncrlhf.bench.inprocess`), `sync` (`max_s
 several `--backend`s, every run is made with each generator backend (names get `-<backend>`). Prints per run:
 wall-clock per step (between the first and last step, so start-up is excluded), where a step's time goes
 (generation, scoring, training, publish = gather + push, apply, learner waiting, generator idle: seconds per
-step, from each service's own metrics), final gold reward; the speed of each service run against
+step, from each service's own metrics), final gold reward, and with `task.env` the episodes trained per
+second; the speed of each service run against
 `inprocess`, and the async run's overlap limit max(generation, training). Dotted overrides apply to every
 run. Writes `gold_vs_wallclock.png` and `result.json` in the bench dir (`--out`); a run directory an earlier
 bench left there is refused (the launcher would resume it) unless `--overwrite` replaces it.
@@ -84,8 +85,11 @@ def run_one(files: list[str], overrides: list[str], name: str, steps: int, root:
                          if k.startswith("learner"))
     generated = sum(v.get(names.GENERATOR_TOKENS_TOTAL, 0.0) for k, v in final.items()
                     if k.startswith("generator"))
+    s_per_step = span / max(1, len(rows) - 1)
+    episodes_per_step = cfg.learner.groups_per_step * cfg.generator.samples_per_prompt
     return {
-        "name": name, "cfg": cfg, "s_per_step": span / max(1, len(rows) - 1), "breakdown": breakdown,
+        "name": name, "cfg": cfg, "s_per_step": s_per_step, "breakdown": breakdown,
+        "episodes_per_s": episodes_per_step / s_per_step if cfg.task.env.kind != "none" else 0.0,
         "trained_tokens_per_s": trained_tokens / elapsed, "generated_tokens_per_s": generated / elapsed,
         "generator_idle_fraction": breakdown["generator_idle"] * len(rows) / elapsed,
         "learner_wait_fraction": breakdown["learner_wait"] * len(rows) / elapsed,
@@ -160,6 +164,7 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
          "generator_idle_fraction": r["generator_idle_fraction"],
          "learner_wait_fraction": r["learner_wait_fraction"],
          "trained_tokens_per_s": r.get("trained_tokens_per_s", 0.0),
+         "episodes_per_s": r.get("episodes_per_s", 0.0),
          "generated_tokens_per_s": r.get("generated_tokens_per_s", 0.0)} for r in runs]}
     for r in runs:  # the flat keys of the first backend's runs (names without a suffix, or the first one's)
         key = r["name"].split("-")[0]
@@ -175,9 +180,11 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
     for name, r in by_name.items():
         batch = by_name.get("async1" + name[len(name.split("-")[0]):])
         if name.split("-")[0] in CONTINUOUS and batch is not None:
+            episodes = batch["episodes_per_s"] or r["episodes_per_s"] or 1.0  # 0 without task.env: ratio 0
             result.setdefault("continuous_vs_async1", {})[name] = {
                 "trained_tokens_per_s": r["trained_tokens_per_s"] / batch["trained_tokens_per_s"],
-                "generated_tokens_per_s": r["generated_tokens_per_s"] / batch["generated_tokens_per_s"]}
+                "generated_tokens_per_s": r["generated_tokens_per_s"] / batch["generated_tokens_per_s"],
+                "episodes_per_s": r["episodes_per_s"] / episodes}
     if "sync_s_per_step" in result:
         for key in ("async1", "async2"):
             if f"{key}_s_per_step" in result:
@@ -240,8 +247,9 @@ def print_table(result: dict) -> None:
               + f"{100 * r.get('learner_wait_fraction', 0):>8.1f}"
               + f"{100 * r.get('generator_idle_fraction', 0):>8.1f}")
     for name, ratios in result.get("continuous_vs_async1", {}).items():
+        episodes = f", episodes trained/s {ratios['episodes_per_s']:.2f}x" if ratios["episodes_per_s"] else ""
         print(f"{name} / async1: trained tokens/s {ratios['trained_tokens_per_s']:.2f}x, generated tokens/s "
-              f"{ratios['generated_tokens_per_s']:.2f}x")
+              f"{ratios['generated_tokens_per_s']:.2f}x{episodes}")
     for name, ratio in result.get("vs_inprocess", {}).items():
         print(f"{name}: {ratio:.2f}x the in-process s/step ({1 / ratio:.2f}x its speed)")
     for name, limit in result.get("overlap_limit_s_per_step", {}).items():
