@@ -3,6 +3,7 @@ fail in each way an environment can (raise, hang, answer garbage) at a chosen st
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 
@@ -72,3 +73,16 @@ class Together(Counter):
     def step(self, action: str):
         self.barrier.wait()
         return super().step(action)
+
+
+class Drifting(Counter):
+    """A Counter whose observations number every step any instance took: a replay into a fresh one sees
+    other observations than the episode it replays (an environment that is not deterministic)."""
+
+    steps = itertools.count()
+
+    def step(self, action: str):
+        self.seen += 1
+        if self.seen >= self.turns:
+            return "", 1.0, True
+        return [{"role": "tool", "content": f"obs {next(Drifting.steps)}"}], 0.0, False
