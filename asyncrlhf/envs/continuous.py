@@ -92,6 +92,7 @@ class ContinuousEpisodes(Generic[T]):
         self._waiting: dict[Future, tuple[str, int]] = {}  # environment calls in flight
         self._pool = ThreadPoolExecutor(MAX_PARALLEL_STEPS, thread_name_prefix="env")
         self._seq = 0
+        self._failed: list[tuple[EpisodeRun[T], str]] = []
         self.sampled_tokens = 0  # model tokens the engine sampled for these episodes, all steps
 
     @property
@@ -129,7 +130,8 @@ class ContinuousEpisodes(Generic[T]):
         """Environment calls that returned go on (their next turns into the engine); one engine step, its
         tokens recorded as sampled by `version`; the groups whose last episode ended."""
         for future in [f for f in self._waiting if f.done()]:
-            self._returned(future)
+            if future in self._waiting:  # not dropped with its group since
+                self._returned(future)
         for delta in self.engine.step():
             where = self._sequences.get(delta.key)
             if where is None:  # another client's sequence (the API's), or one aborted since
@@ -144,6 +146,12 @@ class ContinuousEpisodes(Generic[T]):
                 slot.key = None
                 self._turn_ended(where[0], where[1], delta.finish)
         return self.finished_now()
+
+    def take_failed(self) -> list[tuple[EpisodeRun[T], str]]:
+        """Groups dropped since the last call because opening or stepping an episode raised something other
+        than an environment's failure (which ends only its episode): with why, for the caller to retry."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def finished_now(self) -> list[EpisodeRun[T]]:
         done = [run for run in self._groups.values() if run.done]
@@ -165,9 +173,7 @@ class ContinuousEpisodes(Generic[T]):
         arrived: tokens of two lineages never share a sample)."""
         for gid in group_ids:
             run = self._groups[gid]
-            self.engine.abort([key for key, (g, _) in self._sequences.items() if g == gid])
-            self._sequences = {key: w for key, w in self._sequences.items() if w[0] != gid}
-            self._waiting = {f: w for f, w in self._waiting.items() if w[0] != gid}
+            self._forget(gid)
             run.samples = [Slot() for _ in run.samples]
             run.lineage, run.saved_tokens = lineage, 0
             for j in range(len(run.samples)):
@@ -198,7 +204,11 @@ class ContinuousEpisodes(Generic[T]):
         gid, j = self._waiting.pop(future)
         slot = self._groups[gid].samples[j]
         slot.future = None
-        outcome = future.result()
+        try:
+            outcome = future.result()
+        except Exception as err:  # not the environment's failure (that is a value): the group cannot go on
+            self._fail(gid, f"{type(err).__name__}: {err}")
+            return
         if isinstance(outcome, Resumed):
             slot.episode, slot.turn, slot.finish = outcome.episode, outcome.turn, outcome.finish
             run = self._groups[gid]
@@ -212,6 +222,16 @@ class ContinuousEpisodes(Generic[T]):
         self.runner.after_step(slot.episode, slot.finish, outcome)
         if not slot.ended:
             self._next_turn(gid, j)
+
+    def _fail(self, gid: str, reason: str) -> None:
+        self._forget(gid)
+        self._failed.append((self._groups.pop(gid), reason))
+
+    def _forget(self, gid: str) -> None:
+        """Abort the group's turns in the engine and stop waiting for its environment calls."""
+        self.engine.abort([key for key, (g, _) in self._sequences.items() if g == gid])
+        self._sequences = {key: w for key, w in self._sequences.items() if w[0] != gid}
+        self._waiting = {f: w for f, w in self._waiting.items() if w[0] != gid}
 
     def _next_turn(self, gid: str, j: int) -> None:
         """The episode's next model turn into the engine (or the rest of a turn handed on mid-way)."""

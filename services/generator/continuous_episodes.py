@@ -54,7 +54,12 @@ class ContinuousEpisodeLoop(ContinuousLoop):
 
     def step(self) -> int:
         self.episodes.settle(SETTLE_S)  # outside the gate: a push never waits on an environment
-        return super().step()
+        written = super().step()
+        for run, reason in self.episodes.take_failed():  # retried after claim_idle_ms, as in batch mode
+            log.error("episode group %s failed: %s", run.group_id, reason)
+            self.consumer.fail(run.tag, reason)
+            self.metrics.failed_groups.inc()
+        return written
 
     def _start(self, d: Delivery[PromptGroup], ids: list[int], k: int, prompt: PromptGroup,
                lineage: int) -> None:

@@ -6,6 +6,7 @@ their transcript, with their earlier tokens unchanged and a clean audit."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -144,6 +145,28 @@ def test_a_hung_environment_ends_only_its_episodes_while_the_engine_finishes_the
     good, hung = ended
     assert [(e.end, e.turns) for e in good.episodes] == [("done", 3)] * 2
     assert all(e.end.startswith("timeout: step ran past") and e.turns == 1 for e in hung.episodes)
+
+
+def test_a_group_whose_episode_cannot_open_fails_alone(engine):
+    """Making the environment raises (not an environment's step failing, which ends only its episode): that
+    group is handed back to the caller to retry, and the other goes on."""
+    cfg, tokenizer, _, driver = engine
+    made = itertools.count()
+
+    def make():
+        if next(made) < 2:
+            raise OSError("the sandbox image is missing")
+        return scripted.Counter()
+
+    episodes: ContinuousEpisodes[str] = ContinuousEpisodes(
+        driver, EpisodeRunner(tokenizer, make, LIMITS), cfg.generator.sampling)
+    episodes.start("bad", "bad", "hi", None, 2, lineage=1)
+    episodes.start("good", "good", "hi", None, 2, lineage=1)
+    ended = run_all(episodes)
+    episodes.close()
+    assert [run.group_id for run in ended] == ["good"]
+    ((failed, reason),) = episodes.take_failed()
+    assert failed.group_id == "bad" and reason == "OSError: the sandbox image is missing"
 
 
 def _loop(cfg, backend, driver, tokenizer, client, name):
