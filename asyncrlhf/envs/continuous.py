@@ -26,7 +26,7 @@ from asyncrlhf._proto.rollout_pb2 import Sample
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.envs.base import EnvFailure, StepResult
 from asyncrlhf.envs.episode import MAX_PARALLEL_STEPS, Episode, EpisodeRunner
-from asyncrlhf.envs.handon import Resumed, Turn, resume
+from asyncrlhf.envs.handon import Resumed, Turn, partial_sample, resume
 from asyncrlhf.sampling.backend import Completion, Finish
 from asyncrlhf.sampling.continuous import StepEngine
 
@@ -43,6 +43,13 @@ class Slot:
     key: str | None = None
     future: Future | None = None
     finish: Finish = "length"  # how the last ended turn ended (its step is pending or taken)
+    handed: Sample | None = None  # the transcript it continues, until its replay is done
+
+    def partial(self) -> Sample:
+        """What to hand on: the episode's transcript, or while its replay runs, the one it continues."""
+        if self.episode is None:
+            return self.handed or Sample()
+        return partial_sample(self.episode, self.turn)
 
     @property
     def token_ids(self) -> list[int]:
@@ -194,6 +201,7 @@ class ContinuousEpisodes(Generic[T]):
                 return Resumed(self.runner.start(run.prompt, run.reference), restarted=True)
             return Resumed(self.runner.start(run.prompt, run.reference))
 
+        run.samples[j].handed = partial
         self._wait_on(run, j, self._pool.submit(opened))
 
     def _wait_on(self, run: EpisodeRun[T], j: int, future: Future) -> None:
@@ -211,6 +219,7 @@ class ContinuousEpisodes(Generic[T]):
             return
         if isinstance(outcome, Resumed):
             slot.episode, slot.turn, slot.finish = outcome.episode, outcome.turn, outcome.finish
+            slot.handed = None
             run = self._groups[gid]
             run.restarted += outcome.restarted
             if outcome.pending is not None:

@@ -20,7 +20,6 @@ from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.envs.continuous import ContinuousEpisodes, EpisodeRun
 from asyncrlhf.envs.episode import EpisodeRunner
-from asyncrlhf.envs.handon import partial_sample
 from asyncrlhf.envs.loading import EnvFactory
 from asyncrlhf.envs.rollouts import episode_group
 from asyncrlhf.sampling.continuous import StepEngine
@@ -91,6 +90,6 @@ class ContinuousEpisodeLoop(ContinuousLoop):
         out = PromptGroup()
         out.CopyFrom(run.tag.message)
         del out.partial_samples[:]
-        out.partial_samples.extend(partial_sample(s.episode, s.turn) for s in run.samples)
+        out.partial_samples.extend(s.partial() for s in run.samples)
         out.partial_lineage = run.lineage
         return out

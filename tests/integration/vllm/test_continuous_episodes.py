@@ -169,6 +169,30 @@ def test_a_group_whose_episode_cannot_open_fails_alone(engine):
     assert failed.group_id == "bad" and reason == "OSError: the sandbox image is missing"
 
 
+def test_an_episode_stopped_while_its_replay_runs_hands_its_transcript_on_again(engine):
+    cfg, tokenizer, _, driver = engine
+    first: ContinuousEpisodes[str] = ContinuousEpisodes(
+        driver, EpisodeRunner(tokenizer, scripted.Counter, LIMITS), cfg.generator.sampling)
+    first.start("t", "g", "hi", None, 1, lineage=1)
+    while not any(s.episode and s.episode.turns and s.turn.token_ids
+                  for r in first.groups for s in r.samples):
+        first.settle(0.05)
+        first.step(1)
+    (run,) = first.stop_all()
+    first.close()
+    handed = run.samples[0].partial()
+    assert handed.turn_ends and handed.episode_context_ids
+    second: ContinuousEpisodes[str] = ContinuousEpisodes(
+        driver, EpisodeRunner(tokenizer, scripted.Opening, LIMITS), cfg.generator.sampling)
+    second.start("t", "g", "hi", None, 1, lineage=1, partial=[handed])
+    (run,) = second.stop_all()  # stopped while the replay waits on the environment's reset
+    try:
+        assert run.samples[0].partial() == handed  # handed on again as it came, not lost
+    finally:
+        scripted.Opening.released.set()
+        second.close()
+
+
 def _loop(cfg, backend, driver, tokenizer, client, name):
     streams = RunStreams(client, cfg.run.name, cfg.redis)
     swap = WeightSwap(backend, BackendGate(), GeneratorMetrics(name))

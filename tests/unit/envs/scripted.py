@@ -86,3 +86,13 @@ class Drifting(Counter):
         if self.seen >= self.turns:
             return "", 1.0, True
         return [{"role": "tool", "content": f"obs {next(Drifting.steps)}"}], 0.0, False
+
+
+class Opening(Counter):
+    """A Counter whose reset waits until `Opening.released` is set: an environment still opening."""
+
+    released = threading.Event()
+
+    def reset(self, prompt: str) -> str:
+        Opening.released.wait(30)
+        return prompt
