@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from asyncrlhf.envs.base import EnvFailure
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+CLOSE_WAIT_S = 0.5  # for the server to close a session we ended
 
 
 class OpenEnvError(ValueError):
@@ -155,9 +156,12 @@ class OpenEnvEpisode:
 
 
 def _close(conn: Any) -> None:
+    """Ask the server to end the session and let it close the connection (closing it from both ends at
+    once makes openenv-core's server log a disconnect error), then close this end."""
     try:
         conn.send(json.dumps({"type": "close"}))
-    except Exception:  # noqa: BLE001, S110 - the session is gone already
+        conn.recv(timeout=CLOSE_WAIT_S)
+    except Exception:  # noqa: BLE001, S110 - closed by the server, as asked, or gone already
         pass
     try:
         conn.close()
