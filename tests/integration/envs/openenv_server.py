@@ -28,7 +28,8 @@ def health() -> dict:
 
 def observation(text: str, reward: float | None = None, done: bool = False) -> str:
     fields = {"prompt": text, "round": 1, "hint": "a whole number"}
-    return json.dumps({"type": "observation", "data": {"observation": fields, "reward": reward, "done": done}})
+    data = {"observation": fields, "reward": reward, "done": done}
+    return json.dumps({"type": "observation", "data": data})
 
 
 @app.websocket("/ws")
@@ -77,7 +78,7 @@ async def session(ws: WebSocket) -> None:
 
 
 def serve() -> tuple[str, uvicorn.Server]:
-    """The app on a free local port, on a thread: (its base URL, the server; `should_exit = True` stops it)."""
+    """The app on a free local port, on a thread: its base URL, and the server (`should_exit` stops it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -72,7 +72,8 @@ def url():
 def test_episodes_against_openenv_cores_server(url):
     make = EnvFactory(EnvConfig(kind="openenv", url=url, args={"seed": 3}))
     env = make()
-    assert base.reset(env, "task prompt", "3", 5.0) == [{"role": "user", "content": "Guess 1-10. task prompt"}]
+    first = base.reset(env, "task prompt", "3", 5.0)
+    assert first == [{"role": "user", "content": "Guess 1-10. task prompt"}]
     wrong = base.step(env, "5", 5.0)
     assert (wrong.messages[0]["content"], wrong.reward, wrong.done) == ("Wrong", 0.0, False)
     assert base.step(env, "3", 5.0).reward == 1.0
