@@ -18,6 +18,7 @@ error the environment stops on, or a conversation it rewrites ends the episode (
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import signal
 import threading
@@ -30,6 +31,7 @@ from asyncrlhf.envs.toolcalls import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.tools import MALFORMED
 
 MODEL = "asyncrlhf-policy"  # the model name the rollout's calls carry
+log = logging.getLogger(__name__)
 
 
 class VerifiersLoadError(ValueError):
@@ -58,6 +60,8 @@ def load_verifiers_env(name: str, args: dict[str, Any]) -> Any:
     if getattr(env, "message_type", "chat") != "chat":
         raise VerifiersLoadError(f"task.env.name `{name}` is a completion environment (message_type "
                                  f"{env.message_type!r}); episodes take chat environments")
+    log.info("verifiers environment %s loaded (%s, verifiers %s), tools: %s", name, type(env).__name__,
+             vf.__version__, [t["function"]["name"] for t in getattr(env, "oai_tools", None) or []] or "none")
     return env
 
 
