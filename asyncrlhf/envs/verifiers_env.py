@@ -114,14 +114,21 @@ class _Bridge:
             return
         self.asks.put(("done", state))
 
-    def run(self, env: Any, rollout_input: dict[str, Any]) -> None:
-        self.task = self.loop.create_task(self.drive(env, rollout_input))
-        try:
-            self.loop.run_until_complete(self.task)
-        except BaseException:  # noqa: BLE001 - cancelled: the episode ended first
-            pass
-        finally:
-            self.loop.close()
+    def start(self, env: Any, rollout_input: dict[str, Any]) -> None:
+        """The rollout on the loop, on a thread of its own (the task exists before the thread starts, so a
+        cancel always finds it)."""
+        task = self.task = self.loop.create_task(self.drive(env, rollout_input))
+
+        def run() -> None:
+            try:
+                self.loop.run_until_complete(task)
+            except BaseException:  # noqa: BLE001, S110 - cancelled: the episode ended first
+                pass
+            finally:
+                self.loop.close()
+
+        self.thread = threading.Thread(target=run, name="verifiers-rollout", daemon=True)
+        self.thread.start()
 
     def answer(self, value: str | BaseException) -> None:
         self.loop.call_soon_threadsafe(self.answers.put_nowait, value)
@@ -178,10 +185,7 @@ class VerifiersEpisode:
         messages: list[Message] = [*system, *(env.few_shot or []), {"role": "user", "content": prompt}]
         rollout_input = {"prompt": messages, "answer": reference or "", "example_id": 0,
                          "task": env.env_id or "default"}
-        thread = threading.Thread(target=self._bridge.run, args=(env, rollout_input),
-                                  name="verifiers-rollout", daemon=True)
-        self._bridge.thread = thread
-        thread.start()
+        self._bridge.start(env, rollout_input)
         kind, value = self._next("reset")
         if kind != "turn":
             raise EnvFailure("error: the verifiers rollout ended before the model's first turn"
