@@ -38,8 +38,8 @@ from torch.distributed import PrefixStore, Store, TCPStore
 from asyncrlhf.weights.codec import WireTensor
 
 GLOO, NCCL = "gloo", "nccl"
-JOIN_TIMEOUT_S = 10.0  # every member of a round must say it is here within this long, or the round is abandoned
-GO, ABANDONED = b"1", b"0"
+JOIN_TIMEOUT_S = 10.0  # every member of a round says it is here within this long, or the round is abandoned
+GO, ABANDONED = "1", "0"  # the learner's verdict on a round (the store gives it back as bytes)
 IN_FLIGHT = 2  # buckets in flight at once: one packed (or read) while the other is broadcast
 
 
@@ -69,6 +69,13 @@ class Plan:
         """The indices of the tensors in `bucket`."""
         inside = [i for i, (b, _) in enumerate(self.places) if b == bucket]
         return range(inside[0], inside[-1] + 1) if inside else range(0)
+
+
+def resolved(device: str) -> str:
+    """A configured device (`auto`, `cpu`, `cuda:1`) as the one a process uses."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def backends_of(device: str) -> tuple[str, ...]:
@@ -103,21 +110,19 @@ def go_key(round_id: int) -> str:
     return f"round/{round_id}/go"
 
 
-def process_group(backend: str, store: Store, rank: int, world_size: int, host: str, timeout_s: float):
+def process_group(backend: str, store: Store, rank: int, world_size: int, timeout_s: float):
     """The backend object of a weight group (its `broadcast` is called directly): built on the group's own
-    store, outside torch's default group; blocks until every rank has built its own."""
+    store, outside torch's default group; blocks until every rank has built its own. gloo connects over the
+    interface of the host's name (GLOO_SOCKET_IFNAME names another), as torch.distributed does."""
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=timeout_s)
     prefixed = PrefixStore("pg", store)
     if backend == NCCL:
         options = c10d.ProcessGroupNCCL.Options()
-        options._timeout = timeout
+        options._timeout = timeout  # noqa: SLF001  # torch's only way to set it (vLLM sets it so too)
         return c10d.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    options = c10d.ProcessGroupGloo._Options()
-    options._devices = [c10d.ProcessGroupGloo.create_device(hostname=host)]
-    options._timeout = timeout
-    return c10d.ProcessGroupGloo(prefixed, rank, world_size, options)
+    return c10d.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 
 def broadcast(group, bucket: torch.Tensor):

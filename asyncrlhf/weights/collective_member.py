@@ -2,11 +2,11 @@
 buckets it receives (`collective.py` says how a round goes).
 
 `CollectiveMember` lives as long as the generator's WeightSync server: the groups it is in (by id, the last
-`KEPT_GROUPS`) and its bucket buffers. A push's first tensor message says the member is here for the round (before
-the receiver judges the push) and starts a `MemberRound`, which takes part in the whole round on a thread of
-its own whatever the receiver decides, so a refused push never stalls the others: it waits for the learner's
-verdict and receives every bucket, at most `IN_FLIGHT`
-ahead of the receiver's reads (two buffers), draining the rest once the receiver stops reading.
+`KEPT_GROUPS`) and its bucket buffers. A push's first tensor message says the member is here for the round
+(before the receiver judges the push) and starts a `MemberRound`, which takes part in the whole round on a
+thread of its own whatever the receiver decides, so a refused push never stalls the others: it waits for the
+learner's verdict and receives every bucket, at most `IN_FLIGHT` ahead of the receiver's reads (two
+buffers), draining the rest once the receiver stops reading.
 `CollectiveSource` is the route's `Source` for one push: each tensor's `InBucket` payload checks its bucket's
 XXH3-64, computed on the bucket as received (in host memory; after a copy from the GPU with NCCL), against
 the learner's, then copies the tensor's bytes into staging, hashing them there (the per-tensor checksum).
@@ -15,6 +15,7 @@ the learner's, then copies the tensor's bytes into staging, hashing them there (
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 from collections import OrderedDict
 
@@ -47,15 +48,15 @@ class MemberGroup:
     """One weight group as a member sees it: the learner's store, its rank, and its process group once
     built."""
 
-    def __init__(self, slot: pb.CollectiveSlot, host: str):
-        self.id, self.rank, self.world_size, self.backend = slot.group, slot.rank, slot.world_size, slot.backend
-        self.host, self.timeout_s = host, slot.timeout_ms / 1000
+    def __init__(self, slot: pb.CollectiveSlot):
+        self.id, self.rank, self.world_size = slot.group, slot.rank, slot.world_size
+        self.backend, self.timeout_s = slot.backend, slot.timeout_ms / 1000
         self.keys = group_store(store_client(slot.store, min(JOIN_TIMEOUT_S, self.timeout_s)), slot.group)
         self.process_group = None
 
     def built(self):
         if self.process_group is None:
-            self.process_group = process_group(self.backend, self.keys, self.rank, self.world_size, self.host,
+            self.process_group = process_group(self.backend, self.keys, self.rank, self.world_size,
                                                self.timeout_s)
         return self.process_group
 
@@ -80,7 +81,7 @@ class MemberRound:
         try:
             wait = min(JOIN_TIMEOUT_S, group.timeout_s) + 5.0
             group.keys.wait([go_key(self.slot.round)], datetime.timedelta(seconds=wait))
-            if group.keys.get(go_key(self.slot.round)) != GO:
+            if group.keys.get(go_key(self.slot.round)) != GO.encode():
                 return self._fail("the learner abandoned the round: a member of the group did not join it")
             if self._previous is not None:  # its thread ends within the group's timeouts: the ring is free
                 self._previous.join()
@@ -96,17 +97,21 @@ class MemberRound:
         ring = self.member.ring(max(self.sizes, default=0), device)
         for k, size in enumerate(self.sizes):
             with self._cond:
-                self._cond.wait_for(lambda: self._closed or k - self._read < IN_FLIGHT)
+                self._cond.wait_for(functools.partial(self._room_for, k))
             bucket = ring[k % IN_FLIGHT][:size]
             if size:
                 broadcast(process_group, bucket).wait()
             held = (bucket if device.type == "cpu" else bucket.cpu()).numpy()
-            checksum = xxhash.xxh3_64_intdigest(held)  # where the bytes lie, as received
+            checksum = xxhash.xxh3_64_intdigest(memoryview(held))  # type: ignore[arg-type]  # where they lie
             with self._cond:
                 self._buckets[k] = (held, checksum)
                 self._buckets.pop(k - IN_FLIGHT, None)
                 self._received = k + 1
                 self._cond.notify_all()
+
+    def _room_for(self, k: int) -> bool:
+        """Bucket k may be received: the receiver reads no more, or reads one of the buckets before it."""
+        return self._closed or k - self._read < IN_FLIGHT
 
     def _fail(self, why: str) -> None:
         with self._cond:
@@ -120,8 +125,8 @@ class MemberRound:
             self._cond.wait_for(lambda: self._received > k or self._error != "" or self._closed)
             if k < self._read or k not in self._buckets:
                 if self._received > k:
-                    raise PushRejected(Reason.BAD_OFFSET, f"bucket {k} was read past: a push's tensors come in "
-                                                          "the order of their buckets")
+                    raise PushRejected(Reason.BAD_OFFSET, f"bucket {k} was read past: a push's tensors "
+                                                          "come in the order of their buckets")
                 raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE,
                                    f"{self._error or 'the push ended'} (round {self.slot.round}); push over "
                                    "the gRPC stream")
@@ -149,13 +154,13 @@ class InBucket:
     def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> None:
         k, offset = self.where.bucket, self.where.bucket_offset
         if k >= len(self.round.sizes) or offset + self.nbytes > self.round.sizes[k]:
-            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: {self.nbytes} bytes at {offset} of bucket {k} "
-                                                  f"lie outside the round's buckets")
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: {self.nbytes} bytes at {offset} of bucket "
+                                                  f"{k} lie outside the round's buckets")
         bucket, checksum = self.round.bucket(k)
         if checksum != self.where.bucket_checksum:
             raise PushRejected(Reason.BAD_CHECKSUM,
-                               f"`{self.name}`: bucket {k} as received has XXH3-64 {checksum:#018x}, the learner "
-                               f"packed {self.where.bucket_checksum:#018x}")
+                               f"`{self.name}`: bucket {k} as received has XXH3-64 {checksum:#018x}, the "
+                               f"learner packed {self.where.bucket_checksum:#018x}")
         copy_hashed(dst, memoryview(bucket[offset:offset + self.nbytes]), digest)  # type: ignore[arg-type]
 
     def lend(self) -> InPlaceBytes | None:
@@ -182,11 +187,11 @@ class CollectiveSource:
         slot = header.collective
         if self.member is None:
             raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "this receiver joins no weight group (its "
-                                                              "GetStatus offers none); push over the gRPC stream")
+                                                              "GetStatus offers none); push over the stream")
         if self.round is None:
             self.round = self.member.round(slot)
         elif (slot.group, slot.round) != (self.round.slot.group, self.round.slot.round):
-            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "a push's tensors are all in one broadcast round")
+            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "a push's tensors are all in one round")
         return InBucket(self.round, header)
 
     def __enter__(self) -> CollectiveSource:
@@ -198,11 +203,11 @@ class CollectiveSource:
 
 
 class CollectiveMember:
-    """What a generator keeps to join weight groups: `host`, its address the group's peers reach (gloo's
-    connections); `device`, where its buckets are received (a GPU: NCCL offered too)."""
+    """What a generator keeps to join weight groups: `device`, where its buckets are received (a GPU: NCCL
+    offered too)."""
 
-    def __init__(self, host: str = "127.0.0.1", device: str = "cpu"):
-        self.host, self.device = host, device
+    def __init__(self, device: str = "cpu"):
+        self.device = device
         self.backends = backends_of(device)
         self._groups: OrderedDict[bytes, MemberGroup] = OrderedDict()
         self._last: MemberRound | None = None
@@ -216,7 +221,7 @@ class CollectiveMember:
                                                               f"receiver offers ({', '.join(self.backends)})")
         try:  # said before the receiver judges the push: a refused push still takes part in the round
             group = self.group(slot)
-            group.keys.set(here_key(slot.round, slot.rank), b"1")
+            group.keys.set(here_key(slot.round, slot.rank), GO)
         except (RuntimeError, OSError, ValueError) as err:
             raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, f"cannot join the learner's weight group at "
                                                               f"{slot.store}: {err}") from err
@@ -227,7 +232,7 @@ class CollectiveMember:
     def group(self, slot: pb.CollectiveSlot) -> MemberGroup:
         with self._lock:
             if slot.group not in self._groups:
-                self._groups[slot.group] = MemberGroup(slot, self.host)
+                self._groups[slot.group] = MemberGroup(slot)
                 while len(self._groups) > KEPT_GROUPS:
                     self._groups.popitem(last=False)
             return self._groups[slot.group]

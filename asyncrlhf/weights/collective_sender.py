@@ -41,6 +41,7 @@ from asyncrlhf.weights.collective import (
     group_store,
     here_key,
     process_group,
+    resolved,
 )
 from asyncrlhf.weights.vocabulary import Route
 
@@ -117,7 +118,7 @@ class LearnerGroup:
     def built(self):
         if self.process_group is None:
             self.process_group = process_group(self.backend, self.keys, 0, len(self.members) + 1,
-                                               self.sender.host, self.sender.timeout_s)
+                                               self.sender.timeout_s)
         return self.process_group
 
 
@@ -137,8 +138,8 @@ class CollectiveTransfer:
         self._thread: threading.Thread | None = None
 
     def send_weights(self, call: PushCall, address: str, commit: bytes) -> pb.PushReply:
-        """This target's control messages and commit over `call` while the round's broadcast carries the bytes;
-        OSError when the round cannot be formed (the pusher streams to the target instead)."""
+        """This target's control messages and commit over `call` while the round's broadcast carries the
+        bytes; OSError when the round cannot be formed (the pusher streams to the target instead)."""
         slot = self._arrive(address)
         try:
             return call(itertools.chain(self._messages(slot), (commit,)))
@@ -152,10 +153,14 @@ class CollectiveTransfer:
             if len(self._arrived) == self.targets:
                 self._start()
             self._cond.notify_all()
-            formed = self._cond.wait_for(lambda: self._group is not None or self._failed != "", JOIN_TIMEOUT_S)
+            formed = self._cond.wait_for(self._formed, JOIN_TIMEOUT_S)
             if self._failed or not formed or self._group is None or address not in self._group.members:
-                raise OSError(f"no collective round for {address}: {self._failed or 'its targets never came'}")
+                why = self._failed or "the round's other targets never came"
+                raise OSError(f"no collective round for {address}: {why}")
             return self._group.slot(address, self._round, self.plan.sizes)
+
+    def _formed(self) -> bool:
+        return self._group is not None or self._failed != ""
 
     def _start(self) -> None:
         """Every target arrived (under the lock): the round's group (built anew if its members are new)."""
@@ -231,7 +236,7 @@ class CollectiveTransfer:
 class CollectiveSender:
     """The learner end of `Route.COLLECTIVE`: generators whose GetStatus offers a collective backend, unless
     WeightSync is TLS (gloo and NCCL carry no TLS) or the generator missed a round in the last `EXCLUDED_S`.
-    `host`: the learner's address the generators reach (the store and gloo's connections); `device`: where
+    `host`: the learner's address the generators reach its rendezvous store at; `device`: where
     the learner's tensors live (CUDA: NCCL with generators that offer it)."""
 
     route = Route.COLLECTIVE
@@ -248,6 +253,13 @@ class CollectiveSender:
         self._groups: OrderedDict[tuple[str, ...], LearnerGroup] = OrderedDict()
         self._store: TCPStore | None = None
         self._ring: list[torch.Tensor] = []
+
+    @classmethod
+    def from_config(cls, cfg, access: ClientAccess) -> CollectiveSender:
+        """learner.collective_host / collective_bucket_bytes / push_timeout_s / device."""
+        lc = cfg.learner
+        return cls(lc.collective_host, lc.collective_bucket_bytes, lc.push_timeout_s,
+                   resolved(lc.device), access)
 
     @property
     def store_address(self) -> str:
