@@ -238,6 +238,7 @@ class CollectiveMember:
             return self._groups[slot.group]
 
     def drop(self, group: MemberGroup) -> None:
+        group.process_group = None
         with self._lock:
             if self._groups.get(group.id) is group:
                 del self._groups[group.id]

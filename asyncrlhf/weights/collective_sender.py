@@ -21,13 +21,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import torch
 import xxhash
 from torch.distributed import TCPStore
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.access import ClientAccess, PushCall
+from asyncrlhf.weights.access import UNREACHABLE, ClientAccess, PushCall
 from asyncrlhf.weights.codec import Snapshot, tensor_header
 from asyncrlhf.weights.collective import (
     ABANDONED,
@@ -47,7 +48,7 @@ from asyncrlhf.weights.vocabulary import Route
 
 log = logging.getLogger(__name__)
 KEPT_GROUPS = 2  # groups kept built: the live generators', and a late joiner's own catch-up push
-EXCLUDED_S = 30.0  # a generator that missed a round gets another route this long, then may rejoin
+EXCLUDED_S = 30.0  # a generator that missed a round or did not answer gets another route this long
 HASH_BLOCK = 1 << 20
 POLL_S = 0.002
 
@@ -143,6 +144,10 @@ class CollectiveTransfer:
         slot = self._arrive(address)
         try:
             return call(itertools.chain(self._messages(slot), (commit,)))
+        except grpc.RpcError as err:
+            if err.code() in UNREACHABLE:  # gone (killed?): the next rounds build a group without it
+                self.sender.exclude([address])
+            raise
         finally:
             with self._cond:
                 self._ended.add(address)
@@ -296,6 +301,8 @@ class CollectiveSender:
         return group
 
     def drop(self, group: LearnerGroup) -> None:
+        """Let `group` go (an op of it failed): its connections close, so its members' ops fail at once."""
+        group.process_group = None
         if self._groups.get(group.members) is group:
             del self._groups[group.members]
 

@@ -99,3 +99,11 @@ class Generator:
 def push(by: WeightPusher, state, step: int, gen: Generator, lineage: int = 0, **kw) -> PushOutcome:
     (outcome,) = by.push(state, version(step, lineage), [PushTarget("g0", gen.address)], **kw)
     return outcome
+
+
+def serve_collective_generator(conn) -> None:
+    """A `Generator` joining weight groups in a process of its own (a child, to be killed): sends its address,
+    then serves until killed."""
+    gen = Generator(seed=2, data=False, collective=True)
+    conn.send(gen.address)
+    conn.recv()

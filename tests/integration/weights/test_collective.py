@@ -4,6 +4,10 @@ after the learner hashed them, and a pusher that takes the route only where it i
 
 from __future__ import annotations
 
+import multiprocessing
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -11,11 +15,20 @@ from asyncrlhf.config import load_config
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.codec import Snapshot, prepare
+from asyncrlhf.weights.collective import here_key
 from asyncrlhf.weights.collective_sender import CollectiveSender, CollectiveTransfer
-from asyncrlhf.weights.pusher import WeightPusher
+from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
-from tests.integration.weights.helpers import CHUNK, TOKEN, Generator, same, snapshot, tiny_model
+from tests.integration.weights.helpers import (
+    CHUNK,
+    TOKEN,
+    Generator,
+    same,
+    serve_collective_generator,
+    snapshot,
+    tiny_model,
+)
 from tests.integration.weights.routes import BUCKET
 
 pytestmark = pytest.mark.integration
@@ -79,6 +92,41 @@ def test_a_generator_joining_after_the_group_formed_gets_a_group_with_it(members
     assert [(o.status, o.route) for o in outcomes] == [("ok", Route.COLLECTIVE)] * 3, outcomes
     assert [len(g.members) for g in groups] == [2, 3]
     assert all(same(snapshot(g.model), snapshot(newer)) for g in members)
+
+
+def test_a_generator_killed_in_a_round_fails_it_and_its_peers_get_the_version_by_stream(members):
+    """A member SIGKILLed once it is here for a round (mid-broadcast, or before the group is built): the
+    learner's op fails or times out, its peers refuse the round and are streamed to; its call was unreachable,
+    so the next round builds a group without it."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=serve_collective_generator, args=(child,), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(120), "the generator process did not start"
+        victim = PushTarget("victim", parent.recv())
+        targets = [*[g.target_id for g in members[:2]], victim]
+        sender = CollectiveSender(bucket_bytes=4 << 10, timeout_s=2.0)  # ~150 buckets: a round lasts a while
+        with collective_pusher(sender) as pusher:
+            assert [o.route for o in pusher.send(pushed(tiny_model(7), 1), targets)] == [Route.COLLECTIVE] * 3
+            newer = tiny_model(seed=8)
+            with ThreadPoolExecutor(1) as pool:
+                round_2 = pool.submit(pusher.send, pushed(newer, 2), targets)
+                (group,) = [g for g in sender._groups.values() if victim.address in g.members]  # type: ignore[attr-defined]
+                rank = group.members.index(victim.address) + 1
+                while not group.keys.check([here_key(2, rank)]):
+                    time.sleep(0.001)
+                proc.kill()
+                outcomes = round_2.result()
+            assert [o.status for o in outcomes] == ["ok", "ok", "unreachable"], outcomes
+            assert all(same(snapshot(g.model), snapshot(newer)) for g in members[:2])
+            newest = tiny_model(seed=9)
+            after = pusher.send(pushed(newest, 3), targets)
+        assert [(o.status, o.route) for o in after[:2]] == [("ok", Route.COLLECTIVE)] * 2, after
+        assert all(same(snapshot(g.model), snapshot(newest)) for g in members[:2])
+    finally:
+        proc.kill()
+        proc.join(10)
 
 
 class _Flipping(CollectiveTransfer):
