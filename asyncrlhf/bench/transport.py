@@ -9,7 +9,8 @@
    takes (`push_gbps`), and over the gRPC byte stream, the path without one (`stream_push_gbps`); against
    bare gRPC client-streaming of the same bytes in chunks of the same size. Target: ours >= 0.8x bare. In the
    same run, the collective route (`collective_push_gbps`: a gloo broadcast in 64 MiB buckets to the same
-   receiver, control over gRPC) against the data channel: reported.
+   receiver, control over gRPC) against the data channel, and against a bare gloo broadcast of the same bytes
+   in the same buckets (`bare_gloo_gbps`, `bench.gloo`): reported.
 3. The same-host path (`bench.weightplane`): the shared-memory push to one generator process against one
    memcpy of the same bytes (target >= 0.5x), a push to two generator processes against one (<= 1.2x), and
    `step_to_serve_s`: from a finished step's weights to both generators serving them.
@@ -39,6 +40,7 @@ import redis
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.bench.gloo import bare_gloo_gbps
 from asyncrlhf.bench.relayplane import bench_relay
 from asyncrlhf.bench.weightplane import Tensors, bench_local, state_dict
 from asyncrlhf.config import RedisConfig
@@ -57,6 +59,7 @@ from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Route
 
 K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
+COLLECTIVE_BUCKET_BYTES = 64 << 20  # the route's default (learner.collective_bucket_bytes)
 
 
 def rollout_group(i: int) -> RolloutGroup:
@@ -193,12 +196,13 @@ def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, floa
         port, bare_port = parent.recv()
         address = f"127.0.0.1:{port}"
         access = ClientAccess("bench")
+        collective = CollectiveSender(bucket_bytes=COLLECTIVE_BUCKET_BYTES, timeout_s=600)
         with WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
                           routes=(Route.DATA, Route.STREAM)) as pusher, \
                 WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
                              routes=(Route.STREAM,)) as stream_pusher, \
                 WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
-                             route_senders=[CollectiveSender(timeout_s=600), StreamSender(chunk_bytes)]) \
+                             route_senders=[collective, StreamSender(chunk_bytes)]) \
                 as collective_pusher, \
                 grpc.insecure_channel(f"127.0.0.1:{bare_port}", options=GRPC_OPTIONS) as channel:
             target = [PushTarget("bench", address)]
@@ -239,11 +243,13 @@ def main(argv: Sequence[str]) -> int:
     groups_per_s, bare_groups = bench_streams(args.groups, args.batch, args.repeats)
     push_gbps, stream_gbps, bare_gbps, collective_gbps = bench_push(args.params, args.chunk_bytes,
                                                                     args.repeats)
+    total = sum(t.numel() * t.element_size() for t in state_dict(args.params).values())
+    bare_gloo = bare_gloo_gbps(total, COLLECTIVE_BUCKET_BYTES, args.repeats)
     local = bench_local(args.params, args.repeats)
     relay = bench_relay(args.relay_params, min(args.repeats, 3), args.relay_receivers)
     result = {"groups_per_s": groups_per_s, "bare_groups_per_s": bare_groups,
               "push_gbps": push_gbps, "stream_push_gbps": stream_gbps, "bare_grpc_gbps": bare_gbps,
-              "collective_push_gbps": collective_gbps,
+              "collective_push_gbps": collective_gbps, "bare_gloo_gbps": bare_gloo,
               "shm_push_gbps": local.shm_push_gbps, "memcpy_gbps": local.memcpy_gbps,
               "two_generators_time_ratio": local.two_generators_time_ratio,
               "step_to_serve_s": local.step_to_serve_s,
@@ -258,7 +264,8 @@ def main(argv: Sequence[str]) -> int:
           f"ratio {push_gbps / bare_gbps:.2f} (target >= 0.80; gRPC stream, no data channel: "
           f"{stream_gbps:.2f} GB/s, {stream_gbps / bare_gbps:.2f})")
     print(f"broadcast collective (gloo) {collective_gbps:6.2f} GB/s   data channel {push_gbps:6.2f} GB/s   "
-          f"ratio {collective_gbps / push_gbps:.2f} (reported)")
+          f"ratio {collective_gbps / push_gbps:.2f} (reported; bare gloo broadcast {bare_gloo:.2f} GB/s, "
+          f"ours / bare {collective_gbps / bare_gloo:.2f})")
     shm_ratio = local.shm_push_gbps / local.memcpy_gbps
     print(f"same host ours {local.shm_push_gbps:10.2f} GB/s       memcpy        "
           f"{local.memcpy_gbps:10.2f} GB/s"

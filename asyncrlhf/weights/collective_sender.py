@@ -135,7 +135,7 @@ class CollectiveTransfer:
         self._cond = threading.Condition()
         self._group: LearnerGroup | None = None
         self._round = 0
-        self._failed = ""
+        self._failed = "" if targets > 0 else "the round counts no targets"
         self._thread: threading.Thread | None = None
 
     def send_weights(self, call: PushCall, address: str, commit: bytes) -> pb.PushReply:
@@ -190,9 +190,7 @@ class CollectiveTransfer:
             yield header.SerializeToString()
 
     def _broadcast(self, group: LearnerGroup, round_id: int) -> None:
-        with self._cond:
-            ended = self._ended
-        missing = group.missing(round_id, ended)
+        missing = group.missing(round_id, self._ended)
         if missing:
             group.keys.set(go_key(round_id), ABANDONED)
             self.sender.exclude(missing)
