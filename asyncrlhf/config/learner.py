@@ -161,6 +161,16 @@ class LearnerBase(Section):
         "in a tree (the learner streams to k, each that has committed forwards to at most k more), so the "
         "learner's upload stays about k versions; same-host generators keep shared memory (docs/weights.md)."
     )
+    collective: bool = Field(
+        False, description="Broadcast each version in buckets to the generators that offer a weight group "
+        "(generator.collective): gloo, or NCCL where learner and generator are on GPUs; control and commit "
+        "stay on gRPC. Taken before every other route; not beside run.grpc_tls (docs/weights.md).")
+    collective_host: str = Field(
+        "127.0.0.1", description="The learner's address the generators reach its weight group's rendezvous "
+        "store at (gloo connects over the interface of each host's name; GLOO_SOCKET_IFNAME names another).")
+    collective_bucket_bytes: int = Field(
+        64 << 20, ge=1024, description="Bytes per broadcast bucket of the collective route (a larger tensor "
+        "gets a bucket of its own); each end keeps two.")
     checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps.")
     keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept; older ones are deleted.")
     data_epochs: int = Field(1000, ge=1, description="Passes over the prompt set before stopping.")
