@@ -31,6 +31,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import UNREACHABLE, Channels, ClientAccess
 from asyncrlhf.weights.channel import DataSender
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, Snapshot, commit_message, snapshot
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.routes import FALLBACKS, Fallback, Routes, Sender, Transfer, Unreachable
 from asyncrlhf.weights.shm import ShmSender, shm_host
 from asyncrlhf.weights.stream import StreamSender
@@ -134,9 +135,14 @@ class WeightPusher:
 
     @classmethod
     def from_config(cls, cfg, routes: Collection[Route] = ALL_ROUTES) -> WeightPusher:
-        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s."""
-        return cls(ClientAccess.from_config(cfg), chunk_bytes=cfg.learner.push_chunk_bytes,
-                   dtype=cfg.learner.push_dtype, timeout_s=cfg.learner.push_timeout_s, routes=routes)
+        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s; with
+        learner.collective, the collective route before the others."""
+        lc, access = cfg.learner, ClientAccess.from_config(cfg)
+        made = senders(access, lc.push_chunk_bytes, lc.push_timeout_s, routes)
+        if lc.collective:
+            made.insert(0, CollectiveSender.from_config(cfg, access))
+        return cls(access, chunk_bytes=lc.push_chunk_bytes, dtype=lc.push_dtype, timeout_s=lc.push_timeout_s,
+                   routes=routes, route_senders=made)
 
     def prepare(self, state_dict: Mapping[str, torch.Tensor], version: PolicyVersion,
                 partial: bool = False) -> Snapshot:
