@@ -188,12 +188,12 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
     for name, r in by_name.items():
         batch = by_name.get("async1" + name[len(name.split("-")[0]):])
         if name.split("-")[0] in VARIANTS and batch is not None:
-            episodes = batch["episodes_per_s"] or r["episodes_per_s"] or 1.0  # 0 without task.env: ratio 0
-            result.setdefault("vs_async1", {})[name] = {
+            ratios = result.setdefault("vs_async1", {})[name] = {
                 "trained_tokens_per_s": r["trained_tokens_per_s"] / batch["trained_tokens_per_s"],
                 "generated_tokens_per_s": r["generated_tokens_per_s"] / batch["generated_tokens_per_s"],
-                "s_per_step": r["s_per_step"] / batch["s_per_step"],
-                "episodes_per_s": r["episodes_per_s"] / episodes}
+                "s_per_step": r["s_per_step"] / batch["s_per_step"]}
+            if batch.get("episodes_per_s"):  # runs with task.env
+                ratios["episodes_per_s"] = r.get("episodes_per_s", 0.0) / batch["episodes_per_s"]
     if "sync_s_per_step" in result:
         for key in ("async1", "async2"):
             if f"{key}_s_per_step" in result:
@@ -256,7 +256,8 @@ def print_table(result: dict) -> None:
               + f"{100 * r.get('learner_wait_fraction', 0):>8.1f}"
               + f"{100 * r.get('generator_idle_fraction', 0):>8.1f}")
     for name, ratios in result.get("vs_async1", {}).items():
-        episodes = f", episodes trained/s {ratios['episodes_per_s']:.2f}x" if ratios["episodes_per_s"] else ""
+        per_s = ratios.get("episodes_per_s")
+        episodes = f", episodes trained/s {per_s:.2f}x" if per_s is not None else ""
         print(f"{name} / async1: trained tokens/s {ratios['trained_tokens_per_s']:.2f}x, generated tokens/s "
               f"{ratios['generated_tokens_per_s']:.2f}x, s/step {ratios['s_per_step']:.2f}x{episodes}")
     for name, ratio in result.get("vs_inprocess", {}).items():

@@ -93,6 +93,22 @@ def test_summary_sets_each_continuous_run_beside_its_own_batch_async1(tmp_path):
         "cont1-hf": {"trained_tokens_per_s": 0.75, "generated_tokens_per_s": 1.5, "s_per_step": 1.0}}
 
 
+def test_with_episodes_the_summary_sets_episodes_trained_per_second_beside_async1(tmp_path):
+    class Cfg:
+        generator = type("G", (), {"backend": "vllm"})()
+
+    def run(name, s_per_step):  # 4 groups x k 2 = 8 episodes a step
+        return {"name": name, "cfg": Cfg(), "s_per_step": s_per_step, "gold": 0.1,
+                "breakdown": {"generation": 1.0, "training": 2.0}, "generator_idle_fraction": 0.0,
+                "learner_wait_fraction": 0.0, "trained_tokens_per_s": 10.0, "generated_tokens_per_s": 10.0,
+                "episodes_per_s": 8 / s_per_step}
+
+    result = summarise([run("async1", 2.0), run("cont1", 1.6)], 4, tmp_path)
+    # 8 / 1.6 = 5 episodes/s against 8 / 2 = 4: 1.25x
+    assert result["vs_async1"]["cont1"]["episodes_per_s"] == pytest.approx(1.25)
+    assert [r["episodes_per_s"] for r in result["runs"]] == [4.0, 5.0]
+
+
 def test_a_continuous_run_is_made_in_continuous_mode_and_the_others_in_the_configs(tmp_path):
     from asyncrlhf.bench.pipeline import run_overrides
 
