@@ -251,3 +251,42 @@ def test_a_stopped_generators_partial_episodes_are_continued_by_another_with_a_c
     assert continued >= 1 and b.metrics.continued_samples._value.get() >= 1
     audit = audit_run(cfg, redis_client)
     assert audit.ok and not audit.lost, audit.summary()
+
+
+def test_a_killed_generators_episodes_are_continued_from_their_last_save(engine, redis_client, redis_url,
+                                                                           run_name, tmp_path):
+    """SIGKILL: nothing is handed on; the group stays pending, is re-claimed, and continues from the
+    transcript saved every `save_every_tokens` (the tokens since the save are sampled again)."""
+    base, tokenizer, backend, driver = engine
+    save_every = 8
+    cfg = base.model_copy(update={
+        "run": base.run.model_copy(update={"name": run_name, "dir": str(tmp_path)}),
+        "redis": base.redis.model_copy(update={"url": redis_url, "block_ms": 50, "claim_idle_ms": 200}),
+        "generator": base.generator.model_copy(update={"save_every_tokens": save_every})})
+    streams = RunStreams(redis_client, run_name, cfg.redis)
+    streams.producer(PROMPTS).add(PromptGroup(group_id="g00000000", prompt="hi", k=2,
+                                              enqueued_at=time.time()))
+    redis_client.set(streams.key(FEED_CURSOR), 1)
+    a = _loop(cfg, backend, driver, tokenizer, redis_client, "gen-a")
+    deadline = time.monotonic() + 120
+    while not any(s.episode and s.episode.turns >= 1 for run in a.sampler.groups for s in run.samples) \
+            or a.sampler.groups[0].saved_tokens < save_every:
+        assert time.monotonic() < deadline
+        a.step()
+    driver.abort(list(a.episodes._sequences))  # SIGKILL: nothing handed on, no ack
+    a.episodes.close()
+
+    (save,) = streams.partials().further([PromptGroup(group_id="g00000000")])
+    saved = [len(p.completion_token_ids) if not p.finish_reason else 0 for p in save.partial_samples]
+    assert sum(saved) >= save_every
+
+    time.sleep(0.3)  # past claim_idle_ms: the entry is re-claimed from the dead consumer
+    b = _loop(cfg, backend, driver, tokenizer, redis_client, "gen-b")
+    while not _stream(redis_client, cfg, ROLLOUTS):
+        assert time.monotonic() < deadline
+        b.step()
+    b.episodes.close()
+    (rollout,) = _stream(redis_client, cfg, ROLLOUTS)
+    assert [s.continued_from for s in rollout.samples] == saved  # every saved unfinished episode carried on
+    assert all(s.episode_end == "done" for s in rollout.samples)
+    assert audit_run(cfg, redis_client).ok
