@@ -24,25 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61syncrlhf/v1/weights.proto\x12\x0c\x61syncrlhf.v1\"\xdd\x02\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05\x64type\x18\x03 \x01(\x0e\x32\x13.asyncrlhf.v1.DType\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x08\x12\x14\n\x0ctensor_count\x18\t \x01(\r\x12\x0f\n\x07partial\x18\n \x01(\x08\x12\x0f\n\x07lineage\x18\x0b \x01(\x04\x12\x13\n\x0bshm_segment\x18\x0c \x01(\t\x12\x12\n\nshm_offset\x18\r \x01(\x04\x12\x30\n\rrelay_targets\x18\x0e \x03(\x0b\x32\x19.asyncrlhf.v1.RelayTarget\x12\x14\n\x0crelay_fanout\x18\x0f \x01(\r\x12\x13\n\x0b\x64\x61ta_ticket\x18\x10 \x01(\x0c\"*\n\x0bRelayTarget\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"i\n\tPushReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0ctensor_count\x18\x02 \x01(\r\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x15\n\rapply_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07lineage\x18\x05 \x01(\x04\"\x12\n\x10GetStatusRequest\"\x93\x01\n\x0eGetStatusReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nupdated_at\x18\x02 \x01(\x01\x12\x14\n\x0ctensor_count\x18\x03 \x01(\r\x12\x0f\n\x07lineage\x18\x04 \x01(\x04\x12\x10\n\x08shm_host\x18\x0c \x01(\t\x12\x10\n\x08relaying\x18\r \x01(\x08\x12\x11\n\tdata_port\x18\x0e \x01(\r*\x9b\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x06\x12\x0e\n\nDTYPE_BOOL\x10\x07\x32\x9c\x01\n\nWeightSync\x12\x43\n\x0bPushWeights\x12\x19.asyncrlhf.v1.WeightChunk\x1a\x17.asyncrlhf.v1.PushReply(\x01\x12I\n\tGetStatus\x12\x1e.asyncrlhf.v1.GetStatusRequest\x1a\x1c.asyncrlhf.v1.GetStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61syncrlhf/v1/weights.proto\x12\x0c\x61syncrlhf.v1\"\x9a\x03\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\"\n\x05\x64type\x18\x03 \x01(\x0e\x32\x13.asyncrlhf.v1.DType\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x08\x12\x14\n\x0ctensor_count\x18\t \x01(\r\x12\x0f\n\x07partial\x18\n \x01(\x08\x12\x0f\n\x07lineage\x18\x0b \x01(\x04\x12\x13\n\x0bshm_segment\x18\x0c \x01(\t\x12\x12\n\nshm_offset\x18\r \x01(\x04\x12\x30\n\rrelay_targets\x18\x0e \x03(\x0b\x32\x19.asyncrlhf.v1.RelayTarget\x12\x14\n\x0crelay_fanout\x18\x0f \x01(\r\x12\x13\n\x0b\x64\x61ta_ticket\x18\x10 \x01(\x0c\x12(\n\x05\x64\x65lta\x18\x11 \x01(\x0b\x32\x19.asyncrlhf.v1.TensorDelta\x12\x11\n\tkeep_base\x18\x12 \x01(\x08\"K\n\x0bTensorDelta\x12\x10\n\x08\x65lements\x18\x01 \x01(\x04\x12\x14\n\x0c\x62\x61se_lineage\x18\x02 \x01(\x04\x12\x14\n\x0c\x62\x61se_version\x18\x03 \x01(\x04\"*\n\x0bRelayTarget\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"i\n\tPushReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0ctensor_count\x18\x02 \x01(\r\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x15\n\rapply_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07lineage\x18\x05 \x01(\x04\"\x12\n\x10GetStatusRequest\"\x93\x01\n\x0eGetStatusReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nupdated_at\x18\x02 \x01(\x01\x12\x14\n\x0ctensor_count\x18\x03 \x01(\r\x12\x0f\n\x07lineage\x18\x04 \x01(\x04\x12\x10\n\x08shm_host\x18\x0c \x01(\t\x12\x10\n\x08relaying\x18\r \x01(\x08\x12\x11\n\tdata_port\x18\x0e \x01(\r*\x9b\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x06\x12\x0e\n\nDTYPE_BOOL\x10\x07\x32\x9c\x01\n\nWeightSync\x12\x43\n\x0bPushWeights\x12\x19.asyncrlhf.v1.WeightChunk\x1a\x17.asyncrlhf.v1.PushReply(\x01\x12I\n\tGetStatus\x12\x1e.asyncrlhf.v1.GetStatusRequest\x1a\x1c.asyncrlhf.v1.GetStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'asyncrlhf.v1.weights_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=718
-  _globals['_DTYPE']._serialized_end=873
+  _globals['_DTYPE']._serialized_start=856
+  _globals['_DTYPE']._serialized_end=1011
   _globals['_WEIGHTCHUNK']._serialized_start=45
-  _globals['_WEIGHTCHUNK']._serialized_end=394
-  _globals['_RELAYTARGET']._serialized_start=396
-  _globals['_RELAYTARGET']._serialized_end=438
-  _globals['_PUSHREPLY']._serialized_start=440
-  _globals['_PUSHREPLY']._serialized_end=545
-  _globals['_GETSTATUSREQUEST']._serialized_start=547
-  _globals['_GETSTATUSREQUEST']._serialized_end=565
-  _globals['_GETSTATUSREPLY']._serialized_start=568
-  _globals['_GETSTATUSREPLY']._serialized_end=715
-  _globals['_WEIGHTSYNC']._serialized_start=876
-  _globals['_WEIGHTSYNC']._serialized_end=1032
+  _globals['_WEIGHTCHUNK']._serialized_end=455
+  _globals['_TENSORDELTA']._serialized_start=457
+  _globals['_TENSORDELTA']._serialized_end=532
+  _globals['_RELAYTARGET']._serialized_start=534
+  _globals['_RELAYTARGET']._serialized_end=576
+  _globals['_PUSHREPLY']._serialized_start=578
+  _globals['_PUSHREPLY']._serialized_end=683
+  _globals['_GETSTATUSREQUEST']._serialized_start=685
+  _globals['_GETSTATUSREQUEST']._serialized_end=703
+  _globals['_GETSTATUSREPLY']._serialized_start=706
+  _globals['_GETSTATUSREPLY']._serialized_end=853
+  _globals['_WEIGHTSYNC']._serialized_start=1014
+  _globals['_WEIGHTSYNC']._serialized_end=1170
 # @@protoc_insertion_point(module_scope)

@@ -62,6 +62,7 @@ STATUS: dict[Reason, grpc.StatusCode] = {
     Reason.TRUNCATED: grpc.StatusCode.DATA_LOSS,
     Reason.SHM_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.CHANNEL_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.DELTA_BASE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -41,6 +41,7 @@ class Reason(StrEnum):
     MISSING_TENSORS = "missing_tensors"  # live tensors not sent, in a push not marked partial
     SHM_UNAVAILABLE = "shm_unavailable"  # the receiver cannot open the segment: the pusher streams instead
     CHANNEL_UNAVAILABLE = "channel_unavailable"  # the data connection never came: the pusher streams instead
+    DELTA_BASE = "delta_base"  # a delta onto a version the receiver does not serve: the pusher sends it whole
 
 
 class PushRejected(Exception):
