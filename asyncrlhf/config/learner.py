@@ -184,8 +184,8 @@ class LearnerBase(Section):
     def _delta_pushes_need_full_fine_tuning(self) -> LearnerBase:
         if self.push_delta and self.lora.enabled:
             raise ValueError(
-                "learner.push_delta sends what changed in the full weights; with learner.lora.enabled only the "
-                "adapters are pushed (a few MB, nearly every element changes at each step): set "
+                "learner.push_delta sends what changed in the full weights; with learner.lora.enabled only "
+                "the adapters are pushed (a few MB, nearly every element changes at each step): set "
                 "learner.push_delta=false, or learner.lora.enabled=false for full fine-tuning"
             )
         return self

@@ -165,7 +165,8 @@ def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_
     version to once it is committed, `relay_fanout` at a time (`relay.py`)."""
     return pb.WeightChunk(
         version=push.version.step, lineage=push.version.lineage, commit=True, tensor_count=len(push.tensors),
-        partial=push.partial, keep_base=push.keep_base, relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
+        partial=push.partial, keep_base=push.keep_base,
+        relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
         relay_fanout=relay_fanout if relay else 0)
 
 

@@ -177,7 +177,8 @@ class WeightPusher:
         sent = [self._snapshot(version, t) for t in targets]
         with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(targets),
                                                       thread_name_prefix="weight-push") as pool:
-            rounds = {id(s): _Round(stack, self.routes.senders, s) for s in (version.full, version.delta) if s}
+            rounds = {id(s): _Round(stack, self.routes.senders, s)
+                      for s in (version.full, version.delta) if s is not None}
             for snap in (version.delta, version.full):  # each round's segment writer first
                 if snap is None:
                     continue

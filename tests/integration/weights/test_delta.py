@@ -102,7 +102,8 @@ def test_a_tensor_whose_delta_would_be_larger_is_sent_whole(generator, learner):
             learner.state_dict()[moved].add_(1.0)  # every element changes
         prepared = by.prepare(learner.state_dict(), version(2))
         sent = {t.name: t for t in by.deltas.version(prepared, [generator.address]).delta.tensors}
-        assert sent[moved].delta is None and sent[moved].data.nbytes == learner.state_dict()[moved].numel() * 2
+        assert sent[moved].delta is None
+        assert sent[moved].data.nbytes == learner.state_dict()[moved].numel() * 2
         assert sent[still].delta is not None and sent[still].delta.elements == 0
         (outcome,) = by.send(prepared, [generator.target_id])
         assert (outcome.status, outcome.encoding) == ("ok", "delta")
@@ -154,7 +155,8 @@ def test_a_relay_forwards_the_delta_applied_whole(learner):
             tree = RelayPlan({parent.target_id: [child.target_id]}, 1)
             for step in (1, 2):
                 train_step(learner, seed=step)
-                (outcome,) = by.send(by.prepare(learner.state_dict(), version(step)), [parent.target_id], tree)
+                prepared = by.prepare(learner.state_dict(), version(step))
+                (outcome,) = by.send(prepared, [parent.target_id], tree)
                 assert (outcome.status, outcome.encoding) == ("ok", "full" if step == 1 else "delta")
                 deadline = time.monotonic() + 30
                 while child.receiver.version != version(step):
