@@ -98,6 +98,9 @@ class Bases:
         """The bytes the delta of `header` applies onto (`nbytes` of the tensor in `dtype`), or `delta_base`
         when the receiver holds no such base."""
         d = header.delta
+        if d.elements * dtype.itemsize > nbytes:
+            raise PushRejected(Reason.BAD_OFFSET, f"`{header.name}`: a delta of {d.elements} elements, more "
+                                                  "than the tensor has")
         wanted = PolicyVersion(d.base_lineage, d.base_version)
         if wanted != self.version:
             held = f"holds the base of {self.version}" if self.version is not None else "holds no base"

@@ -105,7 +105,7 @@ class _Round:
 
     def __init__(self, stack: ExitStack, by_route: Mapping[Route, Sender], push: Snapshot):
         self._stack, self._senders, self._push = stack, by_route, push
-        self.version = push.version
+        self.version, self.keep_base = push.version, push.keep_base
         self._transfers: dict[Route, Transfer] = {}
         self._lock = threading.Lock()
 
@@ -215,7 +215,7 @@ class WeightPusher:
         if the target refuses the delta's base)."""
         outcome = self._push_route(transfers, target, route, commit, whole)
         if self.deltas is not None:
-            if outcome.status == "ok" and outcome.version is not None:
+            if outcome.status == "ok" and outcome.version is not None and transfers.keep_base:
                 self.deltas.acknowledged(target.address, outcome.version)
             else:
                 self.deltas.forget(target.address)

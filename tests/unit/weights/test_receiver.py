@@ -137,3 +137,15 @@ def test_a_delta_lands_onto_the_kept_base_and_a_bad_one_is_refused_keeping_the_v
     assert all(torch.equal(live.state_dict()[k], v2[k]) for k in v2)
     with pytest.raises(PushRejected, match="delta_base.*holds the base of"):  # onto 1, serving 2
         receiver.receive(_delta_push(1, v1, v2, 3))
+
+
+def test_a_delta_naming_more_elements_than_its_tensor_is_refused_before_staging():
+    live = torch.nn.Linear(4, 2)
+    receiver = WeightReceiver(ModuleTarget(live))
+    v1 = {k: torch.randn_like(v) for k, v in live.state_dict().items()}
+    receiver.receive(chunks(DeltaPushes().version(Snapshot(PolicyVersion(0, 1), prepare(v1)), ["g"]).full, 8))
+    header = next(iter(chunks(Snapshot(PolicyVersion(0, 2), prepare(v1)), 1024)))
+    header.delta.elements, header.delta.base_version = 1 << 40, 1
+    with pytest.raises(PushRejected, match="bad_offset.*more than the tensor has"):
+        receiver.receive([header])
+    assert receiver.version == PolicyVersion(0, 1)
