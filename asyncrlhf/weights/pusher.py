@@ -10,7 +10,9 @@ the one it names, for that push and, where the table says so, from then on.
 `send` is one round of pushes; a target's commit message may carry its part of a relay tree (`RelayPlan`),
 which the learner's publisher chooses (`relay.TreePush`). With `delta` (`learner.push_delta`) a target that
 kept the version before gets only what changed (`delta.DeltaPushes`), and a target the delta's base turns
-out not to be (`delta_base`) gets the version whole in the same push.
+out not to be (`delta_base`) gets the version whole in the same push. A round writes one segment: when a
+same-host target needs the version whole, every same-host target gets it whole, and a same-host target that
+refuses a delta gets it whole over the stream (unless the round wrote the whole version to a segment).
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class _Round:
         transfer = self._transfers[route] = self._senders[route].begin(self._push, targets)
         self._stack.callback(transfer.close)
 
+    def begun(self, route: Route) -> bool:
+        with self._lock:
+            return route in self._transfers
+
     def transfer(self, route: Route) -> Transfer:
         """The round's transfer on `route`, begun now if no target started on it (a fallback)."""
         with self._lock:
@@ -175,6 +181,8 @@ class WeightPusher:
         version = self.deltas.version(push, [t.address for t in targets]) \
             if self.deltas is not None and not push.partial else Version(push)
         sent = [self._snapshot(version, t) for t in targets]
+        if any(r == Route.SHM and s is version.full for r, s in zip(routes, sent, strict=True)):
+            sent = [version.full if r == Route.SHM else s for r, s in zip(routes, sent, strict=True)]
         with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(targets),
                                                       thread_name_prefix="weight-push") as pool:
             rounds = {id(s): _Round(stack, self.routes.senders, s)
@@ -239,6 +247,8 @@ class WeightPusher:
                     log.info("%s holds no base for the delta of %s: pushing it whole", target.address,
                              transfers.version)
                     transfers, whole = whole, None
+                    if route == Route.SHM and not transfers.begun(route):
+                        route = Route.STREAM  # the sender's segments hold one transfer at a time
                     continue
                 fallback = _fallback(route, err)
                 if fallback is None:

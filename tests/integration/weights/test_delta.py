@@ -62,10 +62,13 @@ def test_delta_pushes_land_bit_exact_on_the_version_served(generator, learner, d
             assert same(snapshot(generator.model), pushed(learner, torch_dtype)), step
 
 
-def test_a_generator_on_another_base_gets_the_version_whole(learner):
+def test_a_generator_on_another_base_gets_the_version_whole(learner, direct_route):
+    """On shared memory both generators are local: a round writes one segment, so both get version 3 whole
+    there, and the refused delta goes whole over the stream."""
     a, b = Generator(), Generator(seed=2)
+    local = direct_route == Route.SHM
     try:
-        with pusher(routes=(Route.STREAM,), dtype="bfloat16", delta=True) as by:
+        with pusher(routes=ONLY[direct_route], dtype="bfloat16", delta=True) as by:
             both = [a.target_id, b.target_id]
             assert [o.encoding for o in by.push(learner.state_dict(), version(1), both)] == ["full", "full"]
             train_step(learner, seed=2)
@@ -73,7 +76,8 @@ def test_a_generator_on_another_base_gets_the_version_whole(learner):
             train_step(learner, seed=3)
             outcomes = by.push(learner.state_dict(), version(3), both)
             # b kept version 1, the delta is onto version 2: b gets version 3 whole
-            assert [(o.status, o.encoding) for o in outcomes] == [("ok", "delta"), ("ok", "full")]
+            assert [(o.status, o.encoding) for o in outcomes] == [("ok", "full" if local else "delta"),
+                                                                  ("ok", "full")]
             assert outcomes[1].bytes == full_bytes(learner, 2)
             for gen in (a, b):
                 assert same(snapshot(gen.model), pushed(learner, torch.bfloat16))
@@ -81,11 +85,12 @@ def test_a_generator_on_another_base_gets_the_version_whole(learner):
             # another pusher (no deltas) moves a on: its base is gone, which the learner cannot know. The
             # delta it sends is refused (`delta_base`), and a gets the version whole in the same push.
             train_step(learner, seed=4)
-            with pusher(routes=(Route.STREAM,), dtype="bfloat16") as other:
+            with pusher(routes=ONLY[direct_route], dtype="bfloat16") as other:
                 assert push(other, learner.state_dict(), 4, a).status == "ok"
             train_step(learner, seed=5)
             outcome = push(by, learner.state_dict(), 5, a)
             assert (outcome.status, outcome.encoding) == ("ok", "full"), outcome.detail
+            assert outcome.route == (Route.STREAM if local else direct_route)
             assert same(snapshot(a.model), pushed(learner, torch.bfloat16))
             assert a.receiver.bases.version == version(5)
     finally:
