@@ -121,7 +121,8 @@ def measure(cfg: Config, steps: int) -> dict[str, Any]:
     dtype = PUSH_DTYPES[cfg.learner.push_dtype]
     weights = pushed(model, dtype)
     shapes = {k: (tuple(v.shape), v.dtype) for k, v in weights.items()}
-    access, per_step = ClientAccess(TOKEN), []
+    access = ClientAccess(TOKEN)
+    per_step: list[dict[str, Any]] = []
     kw: dict[str, Any] = {"chunk_bytes": cfg.learner.push_chunk_bytes, "dtype": cfg.learner.push_dtype,
                           "timeout_s": 600, "routes": (Route.DATA, Route.STREAM)}
     with generators(shapes, 2) as (delta_at, full_at), WeightPusher(access, delta=True, **kw) as by_delta, \

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import xxhash
 
@@ -46,13 +47,20 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(_BITS[t.element_size()])
 
 
-def encode(base: torch.Tensor, new: torch.Tensor) -> Delta | None:
+def encode(base: torch.Tensor, new: torch.Tensor, scratch: np.ndarray | None = None) -> Delta | None:
     """The delta that turns `base` into `new` (same shape and dtype, contiguous, CPU), or None where a delta
-    cannot describe it (shape or dtype differ, too many elements to index)."""
+    cannot describe it (shape or dtype differ, too many elements to index). `scratch`: a bool array of at
+    least `new.numel()` elements to compare into (kept across versions: no fresh pages to fault in; with it
+    and numpy's flatnonzero, 5x the speed of torch's nonzero measured on the development machine)."""
     if base.shape != new.shape or base.dtype != new.dtype or new.numel() >= 2 ** 31:
         return None
-    changed = torch.nonzero(_bits(base) != _bits(new)).reshape(-1)
-    return Delta(changed.to(INDEX_DTYPE), new.reshape(-1)[changed])
+    n = new.numel()
+    mask = scratch[:n] if scratch is not None and scratch.size >= n else np.empty(n, dtype=np.bool_)
+    bits = _bits(new).numpy()
+    np.not_equal(_bits(base).numpy(), bits, out=mask)
+    changed = np.flatnonzero(mask)
+    values = torch.from_numpy(bits[changed]).view(new.dtype)  # gathered as bits, by numpy: no bf16 there
+    return Delta(torch.from_numpy(changed.astype(np.int32)), values)
 
 
 def apply(base: torch.Tensor, delta: Delta) -> torch.Tensor:
@@ -74,7 +82,8 @@ def worth_sending(delta: Delta | None, t: torch.Tensor) -> bool:
 def as_wire(t: WireTensor, d: Delta, base: PolicyVersion) -> WireTensor:
     """Tensor `t` sent as delta `d` onto `base`: its bytes the indices then the values, its checksum the
     resulting tensor's (`t`'s own)."""
-    payload = torch.cat([d.indices.reshape(-1).view(torch.uint8), d.values.reshape(-1).view(torch.uint8)])
+    payload = torch.from_numpy(np.concatenate([d.indices.numpy().view(np.uint8),
+                                               _bits(d.values).numpy().view(np.uint8)]))
     data = memoryview(payload.numpy())  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
     checksum = t.checksum if t.checksum is not None else xxhash.xxh3_64_intdigest(t.data)
     return WireTensor(t.name, t.dtype, t.shape, data, payload, checksum,
@@ -104,6 +113,7 @@ class DeltaPushes:
         self._base_version: PolicyVersion | None = None
         self._acked: dict[str, PolicyVersion] = {}  # address -> the version it kept
         self._last: Version | None = None
+        self._mask = np.empty(0, dtype=np.bool_)  # `encode`'s scratch, as large as the largest tensor
         self._lock = threading.Lock()
 
     def version(self, push: Snapshot, addresses: Sequence[str]) -> Version:
@@ -123,12 +133,15 @@ class DeltaPushes:
     def _advance(self, push: Snapshot, base: PolicyVersion | None) -> list[WireTensor]:
         """Make `push` the base, in place; with a `base` version, return each tensor as sent against it."""
         sent = []
+        largest = max((t.tensor.numel() for t in push.tensors), default=0)
+        if self._mask.size < largest:
+            self._mask = np.empty(largest, dtype=np.bool_)
         for t in push.tensors:
             new, old = t.tensor, self._base.get(t.name)
-            d = encode(old, new) if base is not None and old is not None else None
+            d = encode(old, new, self._mask) if base is not None and old is not None else None
             if d is not None and base is not None and worth_sending(d, new):
                 sent.append(as_wire(t, d, base))
-                old.reshape(-1)[d.indices.long()] = d.values  # type: ignore[union-attr]  # old: encoded
+                _bits(old).numpy()[d.indices.numpy()] = _bits(d.values).numpy()  # type: ignore[arg-type]
                 continue
             sent.append(t)
             if old is not None and old.shape == new.shape and old.dtype == new.dtype:
