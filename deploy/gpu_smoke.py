@@ -11,7 +11,11 @@ On a GPU (the demo model, SmolLM2-135M, fp32: the learner's dtype):
 4. `push-lora`: a rank-8 LoRA adapter into a second engine (vLLM's LoRA kernels), timed, and its gap to
    HF + PEFT;
 5. `push-1b`: a 1B-parameter bf16 model (random weights, built in code) pushed the same way, timed;
-6. `push-collective`: the collective route (NCCL), not built yet: always reported as skipped;
+6. `push-collective`: other weights (the learner's, perturbed) pushed over the collective route into the
+   same engine: NCCL with two GPUs or more (learner on cuda:0, the receiver on cuda:1: NCCL takes one
+   device per rank), else gloo; timed, then the log-prob gap to the HF model on the pushed weights
+   (<= 1e-3) and to the model it served before (must be far larger: the served weights really changed,
+   where an update that silently did nothing would still report success);
 7. `tensor-parallel` (`--tp N`): an engine sharded over N GPUs, the push of step 3 and its gap.
 On CPU (vLLM's CPU build) the same script runs its CPU form: the tiny model, and every step that needs CUDA
 reported as skipped with the reason. Each step passes, fails (with its error) or is skipped; the script prints
@@ -38,9 +42,13 @@ from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import sampling_log_softmax
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
+from asyncrlhf.weights.collective_member import CollectiveMember
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.stream import StreamSender
+from asyncrlhf.weights.vocabulary import Route
 
 PARITY_ATOL = 1e-3
 PROMPTS = ["Write a haiku about the sea.", "Explain rain to a child.", "Name three fruits.", "Say hello."]
@@ -174,20 +182,26 @@ def tokens_per_s(backend, prompts, sampling) -> dict[str, Any]:
             "ratio": round(rate["ours"] / rate["bare"], 3)}
 
 
-def push(backend, weights, version: int, dtype: str = "float32") -> dict[str, Any]:
-    """`weights` over WeightSync into `backend`, as a learner on this host pushes them: seconds, route."""
-    server, port = serve(WeightReceiver(backend), access=ServerAccess(TOKEN))
+def push(backend, weights, version: int, dtype: str = "float32", nccl: bool | None = None) -> dict[str, Any]:
+    """`weights` over WeightSync into `backend`, as a learner on this host pushes them: seconds, route. `nccl`
+    not None: over the collective route only (NCCL when true, else gloo)."""
+    member = None if nccl is None else CollectiveMember("cuda:1" if nccl else "cpu")
+    server, port = serve(WeightReceiver(backend, collective=member), access=ServerAccess(TOKEN))
+    senders = None if nccl is None else \
+        [CollectiveSender(timeout_s=600, device="cuda:0" if nccl else "cpu"), StreamSender(4 << 20)]
     try:
         target = PushTarget("smoke", f"127.0.0.1:{port}")
-        with WeightPusher(ClientAccess(TOKEN), dtype=dtype, timeout_s=600) as pusher:
+        with WeightPusher(ClientAccess(TOKEN), dtype=dtype, timeout_s=600, route_senders=senders) as pusher:
             (route,) = pusher.probe([target])
             start = time.perf_counter()
             (outcome,) = pusher.push(weights, PolicyVersion(0, version), [target])
             seconds = time.perf_counter() - start
     finally:
         server.stop(0)
-    if outcome.status != "ok":
-        raise RuntimeError(f"push refused: {outcome}")
+        if member is not None:
+            member.close()
+    if outcome.status != "ok" or (nccl is not None and outcome.route != Route.COLLECTIVE):
+        raise RuntimeError(f"push refused, or not over the route asked: {outcome}")
     shared = backend.handoff is not None and not backend.in_process
     return {"route": str(route), "handoff": "shm" if shared else "in-process" if backend.in_process else
             "file", "push_s": round(seconds, 3), "bytes": outcome.bytes,
@@ -224,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
 
     summary.run("learner", learn)
     smoke_engine(summary, cfg, state, cuda)
-    summary.skip("push-collective", "Route.COLLECTIVE is not built yet (issue 39, part 4)")
     if not cuda:
         summary.skip("push-lora", "the CPU form starts one engine "
                                   "(tests/integration/vllm/test_lora.py pushes adapters on CPU)")
@@ -281,8 +294,31 @@ def smoke_engine(summary: Summary, cfg, state: dict[str, Any], cuda: bool, prefi
             return {**figures, "gap": f"{measured:.2e}", "failed": failed}
 
         summary.run(f"{prefix}push-shm", push_and_check)
+        if not prefix:
+            summary.run("push-collective", lambda: push_collective(engine, cfg, weights, prompts, cuda))
     finally:
         engine.close()
+
+
+def push_collective(engine, cfg, weights, prompts, cuda: bool) -> dict[str, Any]:
+    """The learner's weights, perturbed, over the collective route into `engine`, which serves `weights`:
+    the gap to the pushed model, and to the one served before (the served weights must have moved)."""
+    nccl = cuda and torch.cuda.device_count() >= 2
+    gen = torch.Generator().manual_seed(1)
+    moved = {n: t + 0.05 * torch.randn(t.shape, generator=gen) if t.is_floating_point() else t
+             for n, t in weights.items()}
+    figures = push(engine, moved, version=engine.version + 1, nccl=nccl)
+    device = "cuda" if cuda else "cpu"
+    model = load_policy(cfg.model, device=device).eval()
+    groups = engine.generate(prompts, 2, cfg.generator.sampling)
+    model.load_state_dict(moved)
+    to_pushed = gap(model, prompts, groups, cfg.generator.sampling, device)
+    model.load_state_dict(weights)
+    to_before = gap(model, prompts, groups, cfg.generator.sampling, device)
+    failed = figures["failed"] or to_pushed > PARITY_ATOL or to_before <= 10 * PARITY_ATOL
+    backend = "nccl" if nccl else "gloo" + ("" if not cuda else " (nccl needs 2 GPUs: one per rank)")
+    return {**figures, "backend": backend, "gap": f"{to_pushed:.2e}", "gap_to_previous": f"{to_before:.2e}",
+            "failed": failed}
 
 
 def push_lora(cache: str) -> dict[str, Any]:

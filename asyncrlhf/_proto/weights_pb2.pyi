@@ -27,7 +27,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout", "data_ticket", "delta", "keep_base")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout", "data_ticket", "collective", "delta", "keep_base")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class WeightChunk(_message.Message):
     RELAY_TARGETS_FIELD_NUMBER: _ClassVar[int]
     RELAY_FANOUT_FIELD_NUMBER: _ClassVar[int]
     DATA_TICKET_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     KEEP_BASE_FIELD_NUMBER: _ClassVar[int]
     version: int
@@ -62,9 +63,36 @@ class WeightChunk(_message.Message):
     relay_targets: _containers.RepeatedCompositeFieldContainer[RelayTarget]
     relay_fanout: int
     data_ticket: bytes
+    collective: CollectiveSlot
     delta: TensorDelta
     keep_base: bool
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ..., data_ticket: _Optional[bytes] = ..., delta: _Optional[_Union[TensorDelta, _Mapping]] = ..., keep_base: _Optional[bool] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ..., data_ticket: _Optional[bytes] = ..., collective: _Optional[_Union[CollectiveSlot, _Mapping]] = ..., delta: _Optional[_Union[TensorDelta, _Mapping]] = ..., keep_base: _Optional[bool] = ...) -> None: ...
+
+class CollectiveSlot(_message.Message):
+    __slots__ = ("store", "group", "rank", "world_size", "backend", "timeout_ms", "round", "bucket_bytes", "bucket", "bucket_offset", "bucket_checksum")
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    store: str
+    group: bytes
+    rank: int
+    world_size: int
+    backend: str
+    timeout_ms: int
+    round: int
+    bucket_bytes: _containers.RepeatedScalarFieldContainer[int]
+    bucket: int
+    bucket_offset: int
+    bucket_checksum: int
+    def __init__(self, store: _Optional[str] = ..., group: _Optional[bytes] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., round: _Optional[int] = ..., bucket_bytes: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., bucket_offset: _Optional[int] = ..., bucket_checksum: _Optional[int] = ...) -> None: ...
 
 class TensorDelta(_message.Message):
     __slots__ = ("elements", "base_lineage", "base_version")
@@ -103,7 +131,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host", "relaying", "data_port")
+    __slots__ = ("version", "updated_at", "tensor_count", "lineage", "shm_host", "relaying", "data_port", "collective_backends")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +139,7 @@ class GetStatusReply(_message.Message):
     SHM_HOST_FIELD_NUMBER: _ClassVar[int]
     RELAYING_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_BACKENDS_FIELD_NUMBER: _ClassVar[int]
     version: int
     updated_at: float
     tensor_count: int
@@ -118,4 +147,5 @@ class GetStatusReply(_message.Message):
     shm_host: str
     relaying: bool
     data_port: int
-    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ..., relaying: _Optional[bool] = ..., data_port: _Optional[int] = ...) -> None: ...
+    collective_backends: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., updated_at: _Optional[float] = ..., tensor_count: _Optional[int] = ..., lineage: _Optional[int] = ..., shm_host: _Optional[str] = ..., relaying: _Optional[bool] = ..., data_port: _Optional[int] = ..., collective_backends: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -9,7 +9,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos", "staleness", "learner")
+BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos", "staleness", "learner",
+              "dynamic")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -4,8 +4,9 @@ sampling in the learner, measured side by side in one run on real samples (defau
 1. Samples: the feed's first N prompts, `samples_per_prompt` completions each from the config's model with the
    library's sampling backend, scored by the config's reward and, apart, by its gold scorer (binary on the
    variable-length config: in band or not, so many groups tie).
-2. Packing: the same steps (`groups_per_step` groups each, in the feed's order) trained padded, then packed,
-   each by a fresh learner built as the service builds it (same seed, same weights). Training tokens/s:
+2. Packing: the same steps (`groups_per_step` groups each, in the feed's order) trained padded, packed with
+   varlen attention and packed with the block-diagonal mask (`learner.pack_attention`), each by a fresh
+   learner built as the service builds it (same seed, same weights). Training tokens/s:
    completion tokens trained over `train_step` seconds, the first step of each untimed (warm-up); the losses
    side by side; the padding share each computed on.
 3. Dynamic sampling: scored by the gold reward, the groups a run trains without dynamic sampling (every one)
@@ -128,13 +129,17 @@ def main(argv: Sequence[str]) -> int:
     groups = sample_groups(cfg, args.prompts, build_reward(cfg.reward))
     print(f"sampled {len(groups)} groups x {k} in {time.perf_counter() - started:.0f} s")
     steps = [groups[i : i + per_step] for i in range(0, len(groups) - per_step + 1, per_step)]
-    modes = {"padded": {"packing": False}, "packed": {"packing": True, "pack_tokens": args.pack_tokens}}
+    modes = {"padded": {"packing": False},
+             "packed": {"packing": True, "pack_tokens": args.pack_tokens, "pack_attention": "varlen"},
+             "packed_mask": {"packing": True, "pack_tokens": args.pack_tokens, "pack_attention": "mask"}}
     results = train({name: cfg.model_copy(update={"learner": cfg.learner.model_copy(update=update)})
                      for name, update in modes.items()}, steps)
     padded, packed = results["padded"], results["packed"]
-    diffs = [abs(a - b) for a, b in zip(padded["losses"], packed["losses"], strict=True)]
-    figures = {"config": args.config or [DEFAULT_CONFIG], "steps": len(steps), "padded": padded,
-               "packed": packed, "speedup": packed["tokens_per_s"] / padded["tokens_per_s"],
+    diffs = [abs(a - b) for mode in ("packed", "packed_mask")
+             for a, b in zip(padded["losses"], results[mode]["losses"], strict=True)]
+    figures = {"config": args.config or [DEFAULT_CONFIG], "steps": len(steps), **results,
+               "speedup": packed["tokens_per_s"] / padded["tokens_per_s"],
+               "speedup_mask": results["packed_mask"]["tokens_per_s"] / padded["tokens_per_s"],
                "max_loss_diff": max(diffs, default=0.0),
                "dynamic_sampling": dynamic_sampling(groups, gold_scorer(cfg), k)}
     print_figures(figures)
@@ -145,12 +150,13 @@ def main(argv: Sequence[str]) -> int:
 
 
 def print_figures(f: dict) -> None:
-    for name in ("padded", "packed"):
+    for name in ("padded", "packed", "packed_mask"):
         r = f[name]
-        print(f"{name:>7}: {r['tokens_per_s']:7.1f} training tokens/s ({r['tokens']:.0f} completion tokens "
+        print(f"{name:>11}: {r['tokens_per_s']:7.1f} training tokens/s ({r['tokens']:.0f} completion tokens "
               f"in {r['seconds']:.1f} s; {len(r['losses'])} steps trained, the first untimed), padding share "
               f"{r['padding_share']:.0%}")
-    print(f"packed / padded: {f['speedup']:.2f}x; largest loss difference {f['max_loss_diff']:.2e}")
+    print(f"packed / padded: {f['speedup']:.2f}x (varlen attention), {f['speedup_mask']:.2f}x "
+          f"(block-diagonal mask); largest loss difference {f['max_loss_diff']:.2e}")
     ds = f["dynamic_sampling"]
     print(f"dynamic sampling (gold reward): {ds['filtered']} of {ds['groups']} groups filtered")
     for name in ("off", "on"):

@@ -5,7 +5,9 @@ asynchronous, beside one process doing the same work.
 Runs the same number of learner steps as: `inprocess` (the library's sampling, reward and training in one
 process on every core, no services: `asyncrlhf.bench.inprocess`), `sync` (`max_staleness` 0 through
 `asyncrlhf up`: generation waits for training and training for generation), `async1` and `async2`
-(`max_staleness` 1, 2), then scores each run's checkpoints on the held-out prompts with the gold reward. With
+(`max_staleness` 1, 2), and async1 with one thing changed: `cont1` (`generator.mode=continuous`), `pack1`
+(`learner.packing`), `dyn1` (`learner.dynamic_sampling`), each set beside async1; then scores each run's
+checkpoints on the held-out prompts with the gold reward. With
 several `--backend`s, every run is made with each generator backend (names get `-<backend>`). Prints per run:
 wall-clock per step (between the first and last step, so start-up is excluded), where a step's time goes
 (generation, scoring, training, publish = gather + push, apply, learner waiting, generator idle: seconds per
@@ -30,17 +32,21 @@ from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, rows_of
 
 # name -> max_staleness (None: no services)
-RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1}
-CONTINUOUS = {"cont1"}  # runs made with generator.mode=continuous (the others: the config's mode)
+RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1, "pack1": 1, "dyn1": 1}
+# async1 with one thing changed, each set beside async1 in the summary (`vs_async1`)
+VARIANTS = {"cont1": ["generator.mode=continuous"], "pack1": ["learner.packing=true"],
+            "dyn1": ["learner.dynamic_sampling.enabled=true"]}
 TARGET_SYNC_VS_INPROCESS = 1.1  # sync s/step <= 1.1x inprocess
 TARGET_ASYNC_SPEEDUP = 1.2  # async1 >= 1.2x faster than inprocess
 
 
-def run_overrides(overrides: list[str], name: str, staleness: int, steps: int, root: Path) -> list[str]:
-    mode = ["generator.mode=continuous"] if name.split("-")[0] in CONTINUOUS else []
-    return [*overrides, *mode, f"learner.max_staleness={staleness}", f"learner.total_steps={steps}",
+def run_overrides(overrides: list[str], name: str, staleness: int, steps: int, root: Path,
+                  checkpoint_every: int | None = None) -> list[str]:
+    variant = VARIANTS.get(name.split("-")[0], [])
+    return [*overrides, *variant, f"learner.max_staleness={staleness}", f"learner.total_steps={steps}",
             f"run.name=bench-{name}", f"run.dir={root / name}", "launch.evaluator=false",
-            f"learner.checkpoint_every={max(1, steps // 2)}", "learner.keep_checkpoints=10",
+            f"learner.checkpoint_every={checkpoint_every or max(1, steps // 2)}",
+            f"learner.keep_checkpoints={max(10, steps)}",
             "redis.persist=false"]
 
 
@@ -61,12 +67,13 @@ def fresh_run_dirs(root: Path, run_names: Sequence[str], overwrite: bool) -> Non
         shutil.rmtree(directory)
 
 
-def run_one(files: list[str], overrides: list[str], name: str, steps: int, root: Path) -> dict:
+def run_one(files: list[str], overrides: list[str], name: str, steps: int, root: Path,
+            checkpoint_every: int | None = None) -> dict:
     from asyncrlhf.bench.inprocess import run_inprocess
     from asyncrlhf.launcher import Launcher
 
     staleness = RUNS[name.split("-")[0]]
-    own = run_overrides(overrides, name, staleness or 0, steps, root)
+    own = run_overrides(overrides, name, staleness or 0, steps, root, checkpoint_every)
     if staleness is None:
         return {**run_inprocess(files, own), "name": name}
     cfg = load_config(files, own)
@@ -89,7 +96,7 @@ def run_one(files: list[str], overrides: list[str], name: str, steps: int, root:
         "trained_tokens_per_s": trained_tokens / elapsed, "generated_tokens_per_s": generated / elapsed,
         "generator_idle_fraction": breakdown["generator_idle"] * len(rows) / elapsed,
         "learner_wait_fraction": breakdown["learner_wait"] * len(rows) / elapsed,
-        "step_times": {r["version"]: r["at"] - summary["started_at"] for r in rows},
+        "step_times": {r["version"]: r["at"] - summary["started_at"] for r in rows}, "final_metrics": final,
     }
 
 
@@ -124,12 +131,13 @@ def evaluate(runs: list[dict]) -> None:
     evaluation = GoldEvaluation(first, load_tokenizer(first.model))
     initial = evaluation.evaluate(evaluation.reference, evaluation.initial_generations())["gold_reward"]
     for run in runs:
-        points = [(0.0, initial)]
+        points, run["gold_by_version"] = [(0.0, initial)], {0: initial}
         for ckpt in step_dirs(run["cfg"].run.path):
             version = read_state(ckpt).version
             policy = load_checkpoint_policy(str(ckpt), run["cfg"].model)
             gold = evaluation.evaluate(policy, evaluation.generate(policy, version))["gold_reward"]
             points.append((run["step_times"].get(version, float("nan")), gold))
+            run["gold_by_version"][version] = gold
         run["gold_curve"], run["gold"] = points, points[-1][1]
 
 
@@ -174,10 +182,11 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
             result.setdefault("overlap_limit_s_per_step", {})[name] = max(b["generation"], b["training"])
     for name, r in by_name.items():
         batch = by_name.get("async1" + name[len(name.split("-")[0]):])
-        if name.split("-")[0] in CONTINUOUS and batch is not None:
-            result.setdefault("continuous_vs_async1", {})[name] = {
+        if name.split("-")[0] in VARIANTS and batch is not None:
+            result.setdefault("vs_async1", {})[name] = {
                 "trained_tokens_per_s": r["trained_tokens_per_s"] / batch["trained_tokens_per_s"],
-                "generated_tokens_per_s": r["generated_tokens_per_s"] / batch["generated_tokens_per_s"]}
+                "generated_tokens_per_s": r["generated_tokens_per_s"] / batch["generated_tokens_per_s"],
+                "s_per_step": r["s_per_step"] / batch["s_per_step"]}
     if "sync_s_per_step" in result:
         for key in ("async1", "async2"):
             if f"{key}_s_per_step" in result:
@@ -239,9 +248,9 @@ def print_table(result: dict) -> None:
               + f"{r.get('trained_tokens_per_s', 0):>13.1f}{r.get('generated_tokens_per_s', 0):>11.1f}"
               + f"{100 * r.get('learner_wait_fraction', 0):>8.1f}"
               + f"{100 * r.get('generator_idle_fraction', 0):>8.1f}")
-    for name, ratios in result.get("continuous_vs_async1", {}).items():
+    for name, ratios in result.get("vs_async1", {}).items():
         print(f"{name} / async1: trained tokens/s {ratios['trained_tokens_per_s']:.2f}x, generated tokens/s "
-              f"{ratios['generated_tokens_per_s']:.2f}x")
+              f"{ratios['generated_tokens_per_s']:.2f}x, s/step {ratios['s_per_step']:.2f}x")
     for name, ratio in result.get("vs_inprocess", {}).items():
         print(f"{name}: {ratio:.2f}x the in-process s/step ({1 / ratio:.2f}x its speed)")
     for name, limit in result.get("overlap_limit_s_per_step", {}).items():

@@ -7,7 +7,10 @@
 2. Weight push GB/s of a 100M-parameter fp32 state dict to one WeightSync receiver across hosts (as there:
    no shared memory; cast, checksum, stage, verify, apply): over its data channel, the path such a push
    takes (`push_gbps`), and over the gRPC byte stream, the path without one (`stream_push_gbps`); against
-   bare gRPC client-streaming of the same bytes in chunks of the same size. Target: ours >= 0.8x bare.
+   bare gRPC client-streaming of the same bytes in chunks of the same size. Target: ours >= 0.8x bare. In the
+   same run, the collective route (`collective_push_gbps`: a gloo broadcast in 64 MiB buckets to the same
+   receiver, control over gRPC) against the data channel, and against a bare gloo broadcast of the same bytes
+   in the same buckets (`bare_gloo_gbps`, `bench.gloo`): reported.
 3. The same-host path (`bench.weightplane`): the shared-memory push to one generator process against one
    memcpy of the same bytes (target >= 0.5x), a push to two generator processes against one (<= 1.2x), and
    `step_to_serve_s`: from a finished step's weights to both generators serving them.
@@ -37,6 +40,7 @@ import redis
 import torch
 
 from asyncrlhf._proto.rollout_pb2 import FINISH_REASON_STOP, PromptGroup, RolloutGroup, Sample
+from asyncrlhf.bench.gloo import bare_gloo_gbps
 from asyncrlhf.bench.relayplane import bench_relay
 from asyncrlhf.bench.weightplane import Tensors, bench_local, state_dict
 from asyncrlhf.config import RedisConfig
@@ -46,12 +50,16 @@ from asyncrlhf.streams import ID_FIELD, PAYLOAD_FIELD, REWARD_GROUP, ROLLOUTS, R
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import GRPC_OPTIONS, ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.collective_member import CollectiveMember
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.server import serve
+from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Route
 
 K, COMPLETION_TOKENS, PROMPT_TOKENS = 4, 64, 32
+COLLECTIVE_BUCKET_BYTES = 64 << 20  # the route's default (learner.collective_bucket_bytes)
 
 
 def rollout_group(i: int) -> RolloutGroup:
@@ -159,9 +167,9 @@ def bench_streams(groups: int, batch: int, repeats: int) -> tuple[float, float]:
 def _receivers(params: int, conn) -> None:
     """The receiving process: our WeightSync server and the bare byte sink, until the parent says stop."""
     torch.set_num_threads(1)
-    data = DataListener()
+    data, collective = DataListener(), CollectiveMember()
     receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
-                              NO_VERSION, data)
+                              NO_VERSION, data, collective)
     server, port = serve(receiver, access=ServerAccess("bench"))
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))
@@ -169,42 +177,50 @@ def _receivers(params: int, conn) -> None:
     server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
     bare_server.stop(0).wait(10)
     data.close()
+    collective.close()
 
 
-def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float, float]:
+def bench_push(params: int, chunk_bytes: int, repeats: int) -> tuple[float, float, float, float]:
     """Pusher here, receivers in a child process, as the learner and a generator are: GB/s over the data
-    channel, over the gRPC stream, and bare gRPC."""
+    channel, over the gRPC stream, bare gRPC, and over the collective route (gloo)."""
     state = state_dict(params)
     total = sum(t.numel() * t.element_size() for t in state.values())
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_receivers, args=(params, child), daemon=True)
     proc.start()
-    ours, streamed, bare = [], [], []
+    ours, streamed, bare, broadcast = [], [], [], []
     try:
         if not parent.poll(120):
             raise RuntimeError("bench receiver process did not start within 120 s")
         port, bare_port = parent.recv()
         address = f"127.0.0.1:{port}"
         access = ClientAccess("bench")
+        collective = CollectiveSender(bucket_bytes=COLLECTIVE_BUCKET_BYTES, timeout_s=600)
         with WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
                           routes=(Route.DATA, Route.STREAM)) as pusher, \
                 WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
                              routes=(Route.STREAM,)) as stream_pusher, \
+                WeightPusher(access, chunk_bytes=chunk_bytes, dtype="float32", timeout_s=600,
+                             route_senders=[collective, StreamSender(chunk_bytes)]) \
+                as collective_pusher, \
                 grpc.insecure_channel(f"127.0.0.1:{bare_port}", options=GRPC_OPTIONS) as channel:
-            if pusher.probe([PushTarget("bench", address)]) != [Route.DATA]:
-                raise RuntimeError("bench push does not take the data channel")
+            target = [PushTarget("bench", address)]
+            if pusher.probe(target) != [Route.DATA] or collective_pusher.probe(target) != [Route.COLLECTIVE]:
+                raise RuntimeError("bench pushes do not take the data channel and the collective route")
             for r in range(repeats):
                 bare.append(bare_grpc_gbps(channel, total, chunk_bytes))
-                ours.append(ours_push_gbps(pusher, state, address, version=2 * r + 1))
-                streamed.append(ours_push_gbps(stream_pusher, state, address, version=2 * r + 2))
+                ours.append(ours_push_gbps(pusher, state, address, version=3 * r + 1))
+                streamed.append(ours_push_gbps(stream_pusher, state, address, version=3 * r + 2))
+                broadcast.append(ours_push_gbps(collective_pusher, state, address, version=3 * r + 3))
     finally:
         parent.send("stop")
         proc.join(30)
         if proc.is_alive():
             proc.kill()
     # the first push allocates staging
-    return statistics.median(ours[1:]), statistics.median(streamed[1:]), statistics.median(bare[1:])
+    return (statistics.median(ours[1:]), statistics.median(streamed[1:]), statistics.median(bare[1:]),
+            statistics.median(broadcast[1:]))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -225,11 +241,15 @@ def main(argv: Sequence[str]) -> int:
         parser.error("--repeats must be at least 2 (the first weight push, which allocates, is not counted)")
 
     groups_per_s, bare_groups = bench_streams(args.groups, args.batch, args.repeats)
-    push_gbps, stream_gbps, bare_gbps = bench_push(args.params, args.chunk_bytes, args.repeats)
+    push_gbps, stream_gbps, bare_gbps, collective_gbps = bench_push(args.params, args.chunk_bytes,
+                                                                    args.repeats)
+    total = sum(t.numel() * t.element_size() for t in state_dict(args.params).values())
+    bare_gloo = bare_gloo_gbps(total, COLLECTIVE_BUCKET_BYTES, args.repeats)
     local = bench_local(args.params, args.repeats)
     relay = bench_relay(args.relay_params, min(args.repeats, 3), args.relay_receivers)
     result = {"groups_per_s": groups_per_s, "bare_groups_per_s": bare_groups,
               "push_gbps": push_gbps, "stream_push_gbps": stream_gbps, "bare_grpc_gbps": bare_gbps,
+              "collective_push_gbps": collective_gbps, "bare_gloo_gbps": bare_gloo,
               "shm_push_gbps": local.shm_push_gbps, "memcpy_gbps": local.memcpy_gbps,
               "two_generators_time_ratio": local.two_generators_time_ratio,
               "step_to_serve_s": local.step_to_serve_s,
@@ -243,6 +263,9 @@ def main(argv: Sequence[str]) -> int:
     print(f"weights   ours {push_gbps:10.2f} GB/s       bare gRPC     {bare_gbps:10.2f} GB/s       "
           f"ratio {push_gbps / bare_gbps:.2f} (target >= 0.80; gRPC stream, no data channel: "
           f"{stream_gbps:.2f} GB/s, {stream_gbps / bare_gbps:.2f})")
+    print(f"broadcast collective (gloo) {collective_gbps:6.2f} GB/s   data channel {push_gbps:6.2f} GB/s   "
+          f"ratio {collective_gbps / push_gbps:.2f} (reported; bare gloo broadcast {bare_gloo:.2f} GB/s, "
+          f"ours / bare {collective_gbps / bare_gloo:.2f})")
     shm_ratio = local.shm_push_gbps / local.memcpy_gbps
     print(f"same host ours {local.shm_push_gbps:10.2f} GB/s       memcpy        "
           f"{local.memcpy_gbps:10.2f} GB/s"

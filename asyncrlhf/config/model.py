@@ -153,6 +153,9 @@ class GeneratorConfig(Section):
     data_port: int = Field(
         0, ge=0, description="Data channel port (0: pick a free one); open it to the learner and to relaying "
         "generators as WeightSync's.")
+    collective: bool = Field(
+        True, description="Offer pushes a weight group: the learner (learner.collective) then broadcasts the "
+        "tensor bytes to it (gloo; NCCL on a GPU), control over gRPC (docs/weights.md); never beside TLS.")
     http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (health, metrics, API).")
     http_port: int = Field(0, ge=0, description="Health, metrics and /v1/completions (0: pick a free one).")
     heartbeat_s: float = Field(2.0, gt=0, description="Registry heartbeat period.")

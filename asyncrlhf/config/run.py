@@ -175,13 +175,27 @@ class EnvConfig(Section):
     """Multi-turn episodes (docs/environments.md): each prompt is an episode of model turns and environment
     steps (`kind: none`, the default: single completions). `kind: tools`: the model calls `tools` (Python
     functions) and the tools of an `mcp` server, and its answer (the turn with no call) is scored by
-    `verifier`; `kind: class`: your own environment class."""
+    `verifier`; `kind: class`: your own environment class; `kind: verifiers`: a `verifiers` environment
+    (`name`, `args`); `kind: openenv`: an OpenEnv server at `url`."""
 
-    kind: Literal["none", "tools", "class"] = Field(
-        "none", description="`none` (single completions, no episodes), `tools`, or `class` (your `path`).")
+    kind: Literal["none", "tools", "class", "verifiers", "openenv"] = Field(
+        "none", description="`none` (single completions, no episodes), `tools`, `class` (your `path`), "
+        "`verifiers` (`name`) or `openenv` (`url`).")
     path: str | None = Field(None, description="kind `class`: `file.py:ClassName`, an environment with "
                              "reset(prompt) -> observation and step(action) -> (observation, reward, done).")
-    args: dict = Field(default_factory=dict, description="kind `class`: keyword arguments of the class.")
+    args: dict = Field(default_factory=dict, description="kind `class`: keyword arguments of the class; "
+                       "`verifiers`: of the environment's load_environment; `openenv`: sent with each reset "
+                       "(e.g. seed).")
+    name: str | None = Field(None, description="kind `verifiers`: the environment's id for "
+                             "verifiers.load_environment (its module, installed or on the Python path).")
+    url: str | None = Field(None, description="kind `openenv`: the OpenEnv server's base URL (http://, "
+                            "https://, ws:// or wss://), started by you; each episode is a session on its "
+                            "/ws WebSocket.")
+    action_field: str = Field("message", description="kind `openenv`: the field of the server's action that "
+                              "carries the model's turn text.")
+    observation_field: str | None = Field(None, description="kind `openenv`: the observation's field shown "
+                                          "to the model; unset: its only string field, else the observation "
+                                          "as JSON.")
     tools: list[str] = Field(default_factory=list, description="kind `tools`: Python functions as tools, "
                              "`file.py:function`, or shipped ones (`calculator`).")
     mcp: list[str] = Field(default_factory=list, description="kind `tools`: the command that starts an MCP "
@@ -201,6 +215,13 @@ class EnvConfig(Section):
             raise ValueError("task.env.kind `class` needs task.env.path (`file.py:ClassName`)")
         if self.kind == "tools" and not (self.tools or self.mcp):
             raise ValueError("task.env.kind `tools` needs task.env.tools or task.env.mcp")
+        if self.kind == "verifiers" and not self.name:
+            raise ValueError("task.env.kind `verifiers` needs task.env.name (the environment's id, e.g. "
+                             "asyncrlhf.envs.vf_arithmetic)")
+        if self.kind == "openenv" and not (self.url and urlsplit(self.url).scheme in
+                                           ("http", "https", "ws", "wss")):
+            raise ValueError("task.env.kind `openenv` needs task.env.url, the server's http(s):// or "
+                             f"ws(s):// base URL (got {self.url!r})")
         return self
 
 

@@ -77,17 +77,21 @@ def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
         raise EnvFailure(f"timeout: {what} ran past task.env.step_timeout_s={timeout_s:g}")
     if "error" in box:
         err = box["error"]
+        if isinstance(err, EnvFailure):  # an adapter's own account (the verifiers and OpenEnv ones)
+            raise err
         raise EnvFailure(f"error: {what} raised {type(err).__name__}: {err}")
     return box["value"]
 
 
-def as_messages(observation: object, what: str) -> list[Message]:
+def as_messages(observation: object, what: str, roles: tuple[str, ...] = ("user", "tool", "system")
+                ) -> list[Message]:
     """An observation as chat messages; EnvFailure("malformed: ...") when it is neither a string nor a
-    list of {role, content} dicts with string content."""
+    list of {role, content} dicts with string content (the first observation may hold assistant messages:
+    few-shot examples)."""
     if isinstance(observation, str):
         return [{"role": "user", "content": observation}]
     if isinstance(observation, list) and all(
-            isinstance(m, dict) and m.get("role") in ("user", "tool", "system")
+            isinstance(m, dict) and m.get("role") in roles
             and isinstance(m.get("content"), str) for m in observation):
         return [dict(m) for m in observation]
     return _malformed(f"{what} returned {type(observation).__name__} {str(observation)[:60]!r}; expected "
@@ -102,7 +106,8 @@ def reset(env: Env, prompt: str, reference: str | None, timeout_s: float) -> lis
     params = inspect.signature(env.reset).parameters.values()
     takes_reference = any(p.name == "reference" or p.kind is p.VAR_KEYWORD for p in params)
     kwargs = {"reference": reference} if takes_reference else {}
-    return as_messages(bounded(lambda: env.reset(prompt, **kwargs), timeout_s, "reset"), "reset")
+    first = bounded(lambda: env.reset(prompt, **kwargs), timeout_s, "reset")
+    return as_messages(first, "reset", roles=("user", "tool", "system", "assistant"))
 
 
 def step(env: Env, action: str, timeout_s: float) -> StepResult:

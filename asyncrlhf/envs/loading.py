@@ -1,6 +1,7 @@
-"""`task.env` -> a factory of environments, one per episode: your class from a file, or a `ToolEnv` over
-Python functions and an MCP server's tools, loaded once per generator (files are imported as reward
-functions are: `asyncrlhf.rewards.rules.load_rule_file`)."""
+"""`task.env` -> a factory of environments, one per episode: your class from a file, a `ToolEnv` over
+Python functions and an MCP server's tools, a `verifiers` environment, or sessions of an OpenEnv server,
+loaded once per generator (files are imported as reward functions are:
+`asyncrlhf.rewards.rules.load_rule_file`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 
 from asyncrlhf.config import EnvConfig
 from asyncrlhf.envs.base import Env
+from asyncrlhf.envs.openenv import OpenEnvEpisode, OpenEnvError, OpenEnvSpec
 from asyncrlhf.envs.tools import McpServer, Tool, ToolEnv, Verifier, python_tool
+from asyncrlhf.envs.verifiers_env import VerifiersEpisode, VerifiersLoadError, load_verifiers_env, tool_specs
 from asyncrlhf.rewards.base import ScorerConfigError
 from asyncrlhf.rewards.math import math_score
 from asyncrlhf.rewards.rules import load_rule_file
@@ -87,6 +90,9 @@ class EnvFactory:
             self._cls = _from_file(cfg.path or "", "task.env.path")
             self._check_class()
             return
+        if cfg.kind in ("verifiers", "openenv"):
+            self._ecosystem()
+            return
         tools = [load_tool(t) for t in cfg.tools]
         if cfg.mcp:
             self.mcp = McpServer(cfg.mcp, timeout_s=cfg.step_timeout_s)
@@ -106,9 +112,26 @@ class EnvFactory:
             raise EnvConfigError(f"task.env.path `{self.cfg.path}` has no reset(prompt) and step(action) "
                                  "methods: see docs/environments.md")
 
+    def _ecosystem(self) -> None:
+        cfg = self.cfg
+        try:
+            if cfg.kind == "verifiers":
+                self._vf = load_verifiers_env(cfg.name or "", cfg.args)
+                self._vf_tools = tool_specs(self._vf)
+            else:
+                self._openenv = OpenEnvSpec(cfg.url or "", cfg.action_field, cfg.observation_field,
+                                            cfg.args, cfg.step_timeout_s)
+                self._openenv.check()
+        except (VerifiersLoadError, OpenEnvError) as err:
+            raise EnvConfigError(str(err)) from None
+
     def __call__(self) -> Env:
         if self.cfg.kind == "class":
             return self._cls(**self.cfg.args)
+        if self.cfg.kind == "verifiers":
+            return VerifiersEpisode(self._vf, self._vf_tools, self.cfg.step_timeout_s, self.cfg.max_turns)
+        if self.cfg.kind == "openenv":
+            return OpenEnvEpisode(self._openenv)
         return ToolEnv(self._tools, self._verify)
 
     def close(self) -> None:

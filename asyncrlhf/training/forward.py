@@ -14,8 +14,9 @@ import torch
 
 from asyncrlhf import algorithms as A
 from asyncrlhf.models import per_token_scores
+from asyncrlhf.training import varlen
 from asyncrlhf.training.batch import SequenceBatch
-from asyncrlhf.training.packing import pack, plan, row_tokens
+from asyncrlhf.training.packing import PackedRow, pack, plan, row_tokens
 
 
 @dataclass
@@ -89,16 +90,17 @@ class Padded:
 
 class Packed:
     """Micro-batches of at most `budget` tokens, each one packed row (`asyncrlhf.training.packing`); items
-    balanced across ranks by tokens."""
+    balanced across ranks by tokens. Attention `varlen` (each sample's block alone, where the model supports
+    it) or `mask` (the 4D block-diagonal mask)."""
 
-    def __init__(self, budget: int):
-        self.budget, self.positions = budget, Positions()
+    def __init__(self, budget: int, attention: str = "varlen"):
+        self.budget, self.attention, self.positions = budget, attention, Positions()
 
     def logps(self, model, micro: SequenceBatch, temperature: float) -> torch.Tensor:
         row = pack(micro)
         self.positions.add(micro, row.length)
-        logits = model(input_ids=row.input_ids, attention_mask=row.attention_mask(model.dtype),
-                       position_ids=row.position_ids, logits_to_keep=row.predict_at).logits[0]
+        logits = model(input_ids=row.input_ids, position_ids=row.position_ids, logits_to_keep=row.predict_at,
+                       **self._attention(model, row)).logits[0]
         logps = A.token_logprobs(logits.float(), row.labels, temperature)
         return row.scatter(logps, micro.mask.shape) * micro.mask  # an episode's env tokens: 0, as padded
 
@@ -107,6 +109,12 @@ class Packed:
         self.positions.add(micro, row.length)
         values = per_token_scores(scorer, row.input_ids, row.attention_mask(scorer.dtype), row.position_ids)
         return row.scatter(values[0, row.predict_at].float(), micro.mask.shape) * micro.mask
+
+    def _attention(self, model, row: PackedRow) -> dict:
+        """How the row's samples are kept apart: their boundaries (varlen) or the block-diagonal mask."""
+        if self.attention == "varlen" and varlen.enable(model):
+            return varlen.boundaries(row.lengths(), row.input_ids.device)
+        return {"attention_mask": row.attention_mask(model.dtype)}
 
     def frozen_micros(self, rows: SequenceBatch) -> list[torch.Tensor]:
         (micros,) = plan(row_tokens(rows).tolist(), 1, self.budget)
@@ -120,5 +128,6 @@ class Packed:
         return mine + [torch.zeros(0, dtype=torch.long)] * (n_micro - len(mine))
 
 
-def make_forward(packing: bool, pack_tokens: int, micro_batch_size: int) -> Forward:
-    return Packed(pack_tokens) if packing else Padded(micro_batch_size)
+def make_forward(packing: bool, pack_tokens: int, micro_batch_size: int,
+                 attention: str = "varlen") -> Forward:
+    return Packed(pack_tokens, attention) if packing else Padded(micro_batch_size)

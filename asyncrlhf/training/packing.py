@@ -6,10 +6,10 @@ Only the model's forward pass is packed:
 
 - each row's prompt and completion tokens (no padding) follow each other in one row of L = sum of lengths;
 - position ids restart at 0 for each sample (as the padded batch counts real tokens);
-- a 4D block-diagonal causal mask, additive (0 where a query may attend: an earlier or the same position of
-  its own sample; the dtype's minimum elsewhere), so no attention crosses a sample boundary. It works with
-  HF's eager and SDPA attention (a custom 4D mask is used as given); the L x L attention of a packed row is
-  the one place it computes more than the samples' own (a flash-attention varlen path would not; not wired);
+- attention inside each sample only: varlen attention (`asyncrlhf.training.varlen`: each sample's block on
+  its own, for models whose attention goes through transformers' interface), else a 4D block-diagonal
+  causal mask, additive (0 where a query may attend: an earlier or the same position of its own sample; the
+  dtype's minimum elsewhere), which HF's eager and SDPA attention use as given, computing L x L positions;
 - logits (and PPO values) are computed only at the positions that predict a completion token, then scattered
   back onto the (B, T) grid.
 
@@ -43,6 +43,10 @@ class PackedRow:
     @property
     def length(self) -> int:
         return self.input_ids.shape[1]
+
+    def lengths(self) -> list[int]:
+        """Each sample's tokens in the row, in order."""
+        return torch.bincount(self.segments).tolist()
 
     def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """(1, 1, L, L) additive mask: 0 where query i may attend key j (same sample, j <= i), else the

@@ -37,7 +37,7 @@ class Trainer:
         self.objective, self.pad_id, self.rank, self.world = objective, pad_id, rank, world
         self.temperature = cfg.generator.sampling.temperature
         lc = cfg.learner
-        self.forward = make_forward(lc.packing, lc.pack_tokens, lc.micro_batch_size)
+        self.forward = make_forward(lc.packing, lc.pack_tokens, lc.micro_batch_size, lc.pack_attention)
         self.device = self.policy.device
         # Dropout off: the frozen pass and the update see the same function (ratio exactly 1 on-policy).
         self.policy.eval()

@@ -10,7 +10,8 @@ the one it names, for that push and, where the table says so, from then on.
 `send` is one round of pushes; a target's commit message may carry its part of a relay tree (`RelayPlan`),
 which the learner's publisher chooses (`relay.TreePush`). With `delta` (`learner.push_delta`) a target that
 kept the version before gets only what changed (`delta.DeltaPushes`), and a target the delta's base turns
-out not to be (`delta_base`) gets the version whole in the same push. A round writes one segment: when a
+out not to be (`delta_base`) gets the version whole in the same push; collective targets get it whole (one
+broadcast serves the round's members). A round writes one segment: when a
 same-host target needs the version whole, every same-host target gets it whole, and a same-host target that
 refuses a delta gets it whole over the stream (unless the round wrote the whole version to a segment).
 """
@@ -36,6 +37,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import UNREACHABLE, Channels, ClientAccess
 from asyncrlhf.weights.channel import DataSender
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, Snapshot, commit_message, snapshot
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.delta import DeltaPushes, Version
 from asyncrlhf.weights.routes import FALLBACKS, Fallback, Routes, Sender, Transfer, Unreachable
 from asyncrlhf.weights.shm import ShmSender, shm_host
@@ -149,10 +151,13 @@ class WeightPusher:
     @classmethod
     def from_config(cls, cfg, routes: Collection[Route] = ALL_ROUTES) -> WeightPusher:
         """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s /
-        push_delta."""
-        return cls(ClientAccess.from_config(cfg), chunk_bytes=cfg.learner.push_chunk_bytes,
-                   dtype=cfg.learner.push_dtype, timeout_s=cfg.learner.push_timeout_s, routes=routes,
-                   delta=cfg.learner.push_delta)
+        push_delta; with learner.collective, the collective route before the others."""
+        lc, access = cfg.learner, ClientAccess.from_config(cfg)
+        made = senders(access, lc.push_chunk_bytes, lc.push_timeout_s, routes)
+        if lc.collective:
+            made.insert(0, CollectiveSender.from_config(cfg, access))
+        return cls(access, chunk_bytes=lc.push_chunk_bytes, dtype=lc.push_dtype, timeout_s=lc.push_timeout_s,
+                   routes=routes, route_senders=made, delta=lc.push_delta)
 
     def prepare(self, state_dict: Mapping[str, torch.Tensor], version: PolicyVersion,
                 partial: bool = False) -> Snapshot:
@@ -180,7 +185,9 @@ class WeightPusher:
         routes = routes if routes is not None else self.probe(targets)
         version = self.deltas.version(push, [t.address for t in targets]) \
             if self.deltas is not None and not push.partial else Version(push)
-        sent = [self._snapshot(version, t) for t in targets]
+        # one broadcast serves every member of a collective round: the version whole
+        sent = [version.full if r == Route.COLLECTIVE else self._snapshot(version, t)
+                for t, r in zip(targets, routes, strict=True)]
         if any(r == Route.SHM and s is version.full for r, s in zip(routes, sent, strict=True)):
             sent = [version.full if r == Route.SHM else s for r, s in zip(routes, sent, strict=True)]
         with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(targets),

@@ -23,6 +23,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener, DataSource
 from asyncrlhf.weights.codec import FROM_WIRE, Snapshot, version_of
+from asyncrlhf.weights.collective_member import CollectiveMember, CollectiveSource
 from asyncrlhf.weights.delta_receive import Bases, DeltaStaging
 from asyncrlhf.weights.leases import Buffers, Holds
 from asyncrlhf.weights.routes import Payload, Source
@@ -95,13 +96,14 @@ def _payloads(messages: Iterable[tuple[pb.WeightChunk, memoryview]], sources: Se
 
 class WeightReceiver:
     """Stages pushes and applies each atomically on commit; pushes are handled one at a time. `data`: the
-    data channel pushes may send their bytes over (`channel.DataListener`). Byte pushes are staged into
+    data channel pushes may send their bytes over (`channel.DataListener`); `collective`: the weight groups
+    pushes may broadcast their bytes to (`collective_member.CollectiveMember`). Byte pushes are staged into
     `Buffers` kept between pushes; same-host pushes are verified and adopted where they lie, the segment
     leases kept by `Holds` for as long as a live tensor views them or a relay reads them."""
 
     def __init__(self, target: WeightTarget, version: PolicyVersion = NO_VERSION,
-                 data: DataListener | None = None):
-        self.target, self.data = target, data
+                 data: DataListener | None = None, collective: CollectiveMember | None = None):
+        self.target, self.data, self.collective = target, data, collective
         self.order = VersionOrder(version)
         self.buffers = Buffers()
         self.holds = Holds()
@@ -129,8 +131,9 @@ class WeightReceiver:
         `PushRejected` (old weights intact) or return once the new version is live."""
         with self._lock:
             try:
-                with ShmSource(self.holds.maps) as segments, DataSource(self.data) as data:
-                    sources = (segments, data, StreamSource())
+                with ShmSource(self.holds.maps) as segments, DataSource(self.data) as data, \
+                        CollectiveSource(self.collective) as collective:
+                    sources = (segments, data, collective, StreamSource())
                     return self._receive(_payloads(_as_pairs(messages), sources), segments)
             finally:
                 self.holds.prune()

@@ -11,8 +11,9 @@ routes differ only in where the tensor bytes travel. Like veRL's checkpoint engi
 - generator end, a `Source`: `claims` the messages of its route and gives each its `Payload`, the tensor's
   bytes wherever the route put them, which the receiver copies (`copy_into`) or adopts in place (`lend`).
 
-A new route (a collective broadcast) is one more Sender/Source pair, a row in `FALLBACKS` if it has one, and
-a row in the route contract suite (tests/integration/weights/test_route_contract.py). The relay tree
+A new route is one more Sender/Source pair, a row in `FALLBACKS` if it has one, and a row in the route
+contract suite (tests/integration/weights/test_route_contract.py), as the collective broadcast
+(`collective_sender.CollectiveSender` / `collective_member.CollectiveSource`) is. The relay tree
 (`Route.RELAY`) is chosen by the learner's publisher: its bytes reach each generator over a route of the
 relaying generator's pusher.
 """
@@ -128,6 +129,8 @@ FALLBACKS: dict[tuple[Route, Reason | type[OSError]], Fallback] = {
     (Route.SHM, Reason.SHM_UNAVAILABLE): Fallback(Route.STREAM, avoid=True),
     (Route.DATA, Reason.CHANNEL_UNAVAILABLE): Fallback(Route.STREAM, avoid=True),
     (Route.DATA, OSError): Fallback(Route.STREAM, avoid=False),
+    (Route.COLLECTIVE, Reason.COLLECTIVE_UNAVAILABLE): Fallback(Route.STREAM, avoid=False),
+    (Route.COLLECTIVE, OSError): Fallback(Route.STREAM, avoid=False),
 }
 
 

@@ -62,6 +62,7 @@ STATUS: dict[Reason, grpc.StatusCode] = {
     Reason.TRUNCATED: grpc.StatusCode.DATA_LOSS,
     Reason.SHM_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.CHANNEL_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.COLLECTIVE_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.DELTA_BASE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
@@ -122,11 +123,12 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
             self.relay.abandon()
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
-        status, data = self.receiver.status(), self.receiver.data
+        status, data, collective = self.receiver.status(), self.receiver.data, self.receiver.collective
         return pb.GetStatusReply(version=status.version.step, updated_at=status.updated_at,
                                  tensor_count=status.tensor_count, lineage=status.version.lineage,
                                  shm_host=shm_host(), relaying=self.relay is not None and self.relay.relaying,
-                                 data_port=data.port if data is not None else 0)
+                                 data_port=data.port if data is not None else 0,
+                                 collective_backends=collective.backends if collective is not None else ())
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):

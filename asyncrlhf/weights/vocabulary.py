@@ -22,6 +22,7 @@ class Route(StrEnum):
     DATA = "data"  # a TCP data connection beside the gRPC call
     STREAM = "stream"  # inside the gRPC call's messages
     RELAY = "relay"  # forwarded by another generator that committed the version
+    COLLECTIVE = "collective"  # broadcast in buckets to a process group of weights (gloo, NCCL)
 
 
 class Reason(StrEnum):
@@ -41,6 +42,9 @@ class Reason(StrEnum):
     MISSING_TENSORS = "missing_tensors"  # live tensors not sent, in a push not marked partial
     SHM_UNAVAILABLE = "shm_unavailable"  # the receiver cannot open the segment: the pusher streams instead
     CHANNEL_UNAVAILABLE = "channel_unavailable"  # the data connection never came: the pusher streams instead
+    # the receiver cannot take part in the push's broadcast round (no such backend, a member missing, the
+    # group broke mid-round): the pusher streams instead
+    COLLECTIVE_UNAVAILABLE = "collective_unavailable"
     DELTA_BASE = "delta_base"  # a delta onto a version the receiver does not serve: the pusher sends it whole
 
 

@@ -27,6 +27,8 @@ from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ServerAccess
 from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.collective import resolved
+from asyncrlhf.weights.collective_member import CollectiveMember
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
@@ -74,12 +76,15 @@ class WeightSyncServer:
     address: str  # host:port the learner dials
     relay: Relay  # forwards committed versions to other generators when a push asks (learner.relay_fanout)
     data: DataListener | None = None  # the data channel pushes' tensor bytes come on (generator.data_channel)
+    collective: CollectiveMember | None = None  # the weight groups it joins (generator.collective)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.server.stop(grace_s).wait(grace_s + 1)
         self.relay.close()
         if self.data is not None:
             self.data.close()
+        if self.collective is not None:
+            self.collective.close()
 
 
 def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
@@ -91,8 +96,11 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     # tensor bytes beside the gRPC call, over TLS from the same files when WeightSync is
     data = DataListener(host, cfg.generator.data_port, tls=access.data_tls) if cfg.generator.data_channel \
         else None
+    # gloo and NCCL carry no TLS: no weight group beside a TLS WeightSync
+    collective = CollectiveMember(resolved(cfg.generator.device)) \
+        if cfg.generator.collective and access.credentials is None else None
     # After a restart: no version until the learner pushes one.
-    receiver = WeightReceiver(swap, NO_VERSION, data)
+    receiver = WeightReceiver(swap, NO_VERSION, data, collective)
     relay = Relay.from_config(cfg)
     try:
         server, port = serve(receiver, host, cfg.generator.grpc_port, access, relay=relay)
@@ -100,7 +108,7 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
         if data is not None:
             data.close()
         raise
-    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}", relay, data)
+    return WeightSyncServer(server, port, f"{advertised_host(cfg)}:{port}", relay, data, collective)
 
 
 def advertised_host(cfg: Config) -> str:

@@ -88,9 +88,9 @@ def test_summary_sets_each_continuous_run_beside_its_own_batch_async1(tmp_path):
 
     result = summarise([run("async1-vllm", 100.0, 40.0), run("cont1-vllm", 150.0, 50.0),
                         run("async1-hf", 80.0, 20.0), run("cont1-hf", 60.0, 30.0)], 4, tmp_path)
-    assert result["continuous_vs_async1"] == {
-        "cont1-vllm": {"trained_tokens_per_s": 1.5, "generated_tokens_per_s": 1.25},
-        "cont1-hf": {"trained_tokens_per_s": 0.75, "generated_tokens_per_s": 1.5}}
+    assert result["vs_async1"] == {
+        "cont1-vllm": {"trained_tokens_per_s": 1.5, "generated_tokens_per_s": 1.25, "s_per_step": 1.0},
+        "cont1-hf": {"trained_tokens_per_s": 0.75, "generated_tokens_per_s": 1.5, "s_per_step": 1.0}}
 
 
 def test_a_continuous_run_is_made_in_continuous_mode_and_the_others_in_the_configs(tmp_path):
@@ -98,6 +98,15 @@ def test_a_continuous_run_is_made_in_continuous_mode_and_the_others_in_the_confi
 
     assert "generator.mode=continuous" in run_overrides([], "cont1-vllm", 1, 4, tmp_path)
     assert not any(o.startswith("generator.mode") for o in run_overrides([], "async1-vllm", 1, 4, tmp_path))
+
+
+def test_the_packing_and_dynamic_sampling_runs_change_only_their_option(tmp_path):
+    from asyncrlhf.bench.pipeline import run_overrides
+
+    base = set(run_overrides([], "async1", 1, 4, tmp_path))
+    assert set(run_overrides([], "pack1", 1, 4, tmp_path)) - base >= {"learner.packing=true"}
+    assert set(run_overrides([], "dyn1", 1, 4, tmp_path)) - base >= {"learner.dynamic_sampling.enabled=true"}
+    assert not any(o.startswith(("learner.packing", "learner.dynamic")) for o in base)
 
 
 def test_an_earlier_benchs_run_is_refused_and_kept(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """deploy/gpu-smoke in its CPU form (no GPU here): the same script, the tiny model on vLLM's CPU build, four
 DeepSpeed learner steps, generation against bare vLLM, a push through the engine's shared-memory handoff with
-its log-prob gap; every step that needs CUDA reported as skipped with the reason; a JSON summary."""
+its log-prob gap, other weights over the collective route (gloo) with theirs; every step that needs CUDA
+reported as skipped with the reason; a JSON summary."""
 
 from __future__ import annotations
 
@@ -34,5 +35,9 @@ def test_the_cpu_form_passes_and_says_what_it_skipped(tmp_path):
     assert float(steps["push-shm"]["gap"]) <= 1e-3
     for name in ("push-1b", "tensor-parallel"):
         assert steps[name]["status"] == "skip" and "needs CUDA" in steps[name]["reason"]
-    assert steps["push-collective"]["status"] == "skip" and steps["push-lora"]["status"] == "skip"
+    collective = steps["push-collective"]  # gloo on CPU; the engine serves the pushed weights, not the old
+    assert collective["status"] == "pass" and collective["route"] == "collective", collective
+    assert collective["backend"] == "gloo" and float(collective["gap"]) <= 1e-3
+    assert float(collective["gap_to_previous"]) > 1e-2
+    assert steps["push-lora"]["status"] == "skip"
     assert json.loads(done.stdout.splitlines()[-2]) == summary  # the summary ends the output too

@@ -14,8 +14,9 @@ def test_bench_transport_prints_every_figure(capsys):
                  "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"groups_per_s", "bare_groups_per_s", "push_gbps", "stream_push_gbps",
-                           "bare_grpc_gbps", "shm_push_gbps", "memcpy_gbps", "two_generators_time_ratio",
-                           "step_to_serve_s", "relay_learner_bytes_ratio", "relay_last_commit_s"}
+                           "bare_grpc_gbps", "collective_push_gbps", "bare_gloo_gbps", "shm_push_gbps",
+                           "memcpy_gbps", "two_generators_time_ratio", "step_to_serve_s",
+                           "relay_learner_bytes_ratio", "relay_last_commit_s"}
     assert all(value > 0 for value in result.values())
     assert result["relay_learner_bytes_ratio"] <= 2  # 16 receivers, fanout 2: the learner streams to two
 

@@ -77,3 +77,22 @@ def test_across_hosts_a_push_takes_the_data_channel_the_generator_offers(offered
     if server.data is not None:  # stopping the generator closed its data port
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", server.data.port), timeout=2).close()
+
+
+@pytest.mark.parametrize("offered, route", [(True, Route.COLLECTIVE), (False, Route.STREAM)])
+def test_a_learner_with_the_collective_route_broadcasts_to_a_generator_that_offers_it(offered, route):
+    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu", "learner.device=cpu",
+                                              "learner.collective=true", "generator.data_channel=false",
+                                              f"generator.collective={str(offered).lower()}"])
+    backend = HFBackend.from_config(cfg, load_tokenizer(cfg.model))
+    server = start_weight_sync(cfg, WeightSwap(backend, BackendGate(), GeneratorMetrics("gen-t")))
+    new = perturbed_state_dict(load_policy(cfg.model), seed=9)
+    target = [PushTarget("gen-t", server.address)]
+    try:
+        with WeightPusher.from_config(cfg, routes=(Route.STREAM,)) as pusher:  # as on another host
+            (outcome,) = pusher.push(new, PolicyVersion(0, 1), target)
+            assert (outcome.status, outcome.route) == ("ok", route) and backend.version == 1
+        live = backend.named_tensors()  # the served weights are the pushed ones
+        assert all(torch.equal(live[name], tensor) for name, tensor in new.items())
+    finally:
+        server.stop()

@@ -55,8 +55,12 @@ def sync_weights(cfg, rows, prompts):
     return policy.module.state_dict()
 
 
-def test_two_ranks_zero2_equal_one_rank_with_twice_the_accumulation(tmp_path, redis_url, run_name):
-    args = [f"redis.url={redis_url}", f"run.name={run_name}", f"run.dir={tmp_path}/run", "learner.lr=3e-3",
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_two_ranks_zero2_equal_one_rank_with_twice_the_accumulation(tmp_path, redis_url, run_name, packing):
+    """Packed, the ranks take items balanced by tokens (not two groups each), and still sum to one rank's
+    update."""
+    args = [f"learner.packing={str(packing).lower()}", "learner.pack_tokens=48", f"redis.url={redis_url}",
+            f"run.name={run_name}", f"run.dir={tmp_path}/run", "learner.lr=3e-3",
             "learner.groups_per_step=4", "learner.micro_batch_size=2", "learner.total_steps=3",
             "learner.checkpoint_every=100", "learner.max_staleness=0", "learner.deepspeed.zero_stage=2",
             "redis.block_ms=50"]

@@ -7,8 +7,9 @@ import torch
 from asyncrlhf import algorithms as A
 from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
-from asyncrlhf.training import engine
+from asyncrlhf.training import engine, varlen
 from asyncrlhf.training.batch import build_batch
+from asyncrlhf.training.forward import Packed
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.packing import pack
 from asyncrlhf.training.policies import LearnerModels
@@ -20,13 +21,14 @@ pytestmark = pytest.mark.integration
 ALGORITHMS = ["online_dpo", "best_of_n", "rloo", "grpo", "dr_grpo", "reinforce_pp", "ppo"]
 
 
-def step_with_grads(algorithm: str, packing: bool, lora: bool = False
+def step_with_grads(algorithm: str, packing: bool, lora: bool = False, attention: str = "varlen"
                     ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """One step on fixed groups (two of them importance-corrected), and the gradients it applied: read from
     the engines' parameters just before their optimizer steps."""
     cfg = load_config(["configs/tiny.yaml"], [
         f"learner.algorithm={algorithm}", "learner.micro_batch_size=3", f"learner.packing={packing}",
-        "learner.pack_tokens=24", "learner.stale_policy=tis", "learner.kl.coef=0.1",
+        "learner.pack_tokens=24", f"learner.pack_attention={attention}", "learner.stale_policy=tis",
+        "learner.kl.coef=0.1",
         f"learner.lora.enabled={str(lora).lower()}"])
     engine.init_distributed()
     objective = make_objective(cfg)
@@ -57,11 +59,13 @@ def _recording(eng, name: str, grads: dict[str, torch.Tensor]):
     return recorded
 
 
-@pytest.mark.parametrize("algorithm, lora", [(a, False) for a in ALGORITHMS] + [("online_dpo", True)])
-def test_packed_and_padded_steps_give_the_same_loss_and_gradients(algorithm, lora):
+@pytest.mark.parametrize("algorithm, lora, attention",
+                         [(a, False, "varlen") for a in ALGORITHMS]
+                         + [("online_dpo", True, "varlen"), ("rloo", False, "mask"), ("ppo", False, "mask")])
+def test_packed_and_padded_steps_give_the_same_loss_and_gradients(algorithm, lora, attention):
     # with LoRA the reference is the policy with its adapters off (packed rows go through peft too)
     padded, padded_grads = step_with_grads(algorithm, packing=False, lora=lora)
-    packed, packed_grads = step_with_grads(algorithm, packing=True, lora=lora)
+    packed, packed_grads = step_with_grads(algorithm, packing=True, lora=lora, attention=attention)
     assert abs(packed["loss"] - padded["loss"]) <= 1e-5
     assert padded_grads.keys() == packed_grads.keys() and padded_grads
     for name, grad in padded_grads.items():
@@ -72,29 +76,32 @@ def test_packed_and_padded_steps_give_the_same_loss_and_gradients(algorithm, lor
     assert packed["tokens"] == padded["tokens"]
 
 
-def packed_logits(model, batch):
-    """(N, V) logits at the packed row's completion positions, and the row."""
+def packed_logits(model, batch, attention="varlen"):
+    """(N, V) logits at the packed row's completion positions (as the learner computes them), and the row."""
+    forward = Packed(10_000, attention)
     row = pack(batch)
     with torch.no_grad():
-        out = model(input_ids=row.input_ids, attention_mask=row.attention_mask(model.dtype),
-                    position_ids=row.position_ids, logits_to_keep=row.predict_at).logits[0]
+        out = model(input_ids=row.input_ids, position_ids=row.position_ids, logits_to_keep=row.predict_at,
+                    **forward._attention(model, row)).logits[0]
     return out, row
 
 
-def test_no_attention_crosses_a_sample_boundary_in_a_packed_row():
+@pytest.mark.parametrize("attention", ["varlen", "mask"])
+def test_no_attention_crosses_a_sample_boundary_in_a_packed_row(attention):
     model = load_policy(load_config(["configs/tiny.yaml"]).model).eval()
+    assert varlen.enable(model)  # the tiny model (Llama) takes the varlen path where asked
     groups = scored_groups(3, 2, seed=5)
     batch = build_batch(train_groups(groups), pad_id=0)
-    logits, row = packed_logits(model, batch)
-    # every sample's logits in the packed row are its logits computed alone
+    logits, row = packed_logits(model, batch, attention)
+    # every sample's logits in the packed row are its logits computed alone (one sample: nothing to mask)
     for b in range(len(batch)):
-        alone, _ = packed_logits(model, batch.rows([b]))
+        alone, _ = packed_logits(model, batch.rows([b]), attention)
         torch.testing.assert_close(logits[row.grid_rows == b], alone, atol=1e-5, rtol=1e-5)
     # changing the tokens of the first sample changes no other sample's logits
     changed = build_batch(train_groups(groups), pad_id=0)
     first = changed.attention_mask[0].bool()
     changed.input_ids[0][first] = (changed.input_ids[0][first] + 7) % 250 + 3
-    after, _ = packed_logits(model, changed)
+    after, _ = packed_logits(model, changed, attention)
     others = row.grid_rows != 0
     torch.testing.assert_close(after[others], logits[others], atol=0, rtol=0)
     assert not torch.allclose(after[~others], logits[~others])
@@ -115,3 +122,24 @@ def test_packed_log_probs_land_on_the_completion_grid_as_padded_ones_do():
     logits, row = packed_logits(model, batch)
     packed = row.scatter(A.token_logprobs(logits, row.labels), batch.mask.shape)
     torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_switched_to_varlen_attention_still_runs_padded_rows_with_their_mask():
+    """The varlen function is plain SDPA without packed boundaries: a padded pass after a packed one (the
+    padded frozen pass of another run, the evaluator's) gives the logits it gave before the switch."""
+    model = load_policy(load_config(["configs/tiny.yaml"]).model).eval()
+    batch = build_batch(train_groups(scored_groups(3, 2, seed=4)), pad_id=0)
+
+    def padded():
+        with torch.no_grad():
+            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=batch.position_ids).logits
+
+    before = padded()
+    assert varlen.enable(model)
+    real = batch.attention_mask.bool()
+    torch.testing.assert_close(padded()[real], before[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_outside_the_attention_interface_takes_the_mask():
+    assert not varlen.enable(torch.nn.Linear(2, 2))

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.collective_member import CollectiveMember
 from asyncrlhf.weights.pusher import ALL_ROUTES, PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, relay_pusher
@@ -70,15 +71,16 @@ class Gated:
 class Generator:
     """A receiver-side stand-in for the generator service: a live model behind a WeightSync server that
     relays when a push asks it to (with `relay`, else a relay of the run's token), with a data channel when
-    `data`."""
+    `data`, joining weight groups when `collective`."""
 
     def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None, data: bool = True,
-                 relay: Relay | None = None):
+                 relay: Relay | None = None, collective: bool = False):
         self.model = tiny_model(seed)
         self.target = ModuleTarget(self.model, names)
         self.gated = Gated(self.target)
         self.data = DataListener() if data else None
-        self.receiver = WeightReceiver(self.gated, NO_VERSION, self.data)
+        self.collective = CollectiveMember() if collective else None
+        self.receiver = WeightReceiver(self.gated, NO_VERSION, self.data, self.collective)
         self.relay = relay or Relay(relay_pusher(ClientAccess(token), CHUNK, 60.0))
         self.server, self.port = serve(self.receiver, access=ServerAccess(token), relay=self.relay)
         self.address = f"127.0.0.1:{self.port}"
@@ -90,8 +92,18 @@ class Generator:
         self.relay.close()
         if self.data is not None:
             self.data.close()
+        if self.collective is not None:
+            self.collective.close()
 
 
 def push(by: WeightPusher, state, step: int, gen: Generator, lineage: int = 0, **kw) -> PushOutcome:
     (outcome,) = by.push(state, version(step, lineage), [PushTarget("g0", gen.address)], **kw)
     return outcome
+
+
+def serve_collective_generator(conn) -> None:
+    """A `Generator` joining weight groups in a process of its own (a child, to be killed): sends its address,
+    then serves until killed."""
+    gen = Generator(seed=2, data=False, collective=True)
+    conn.send(gen.address)
+    conn.recv()

@@ -20,6 +20,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.channel import DataSender
 from asyncrlhf.weights.codec import Snapshot, decode_chunk, encode_chunk
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.pusher import PushOutcome, RelayPlan, WeightPusher
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.shm import ShmSender
@@ -28,6 +29,7 @@ from asyncrlhf.weights.vocabulary import Reason, Route
 from tests.integration.weights.helpers import CHUNK, TOKEN, Generator
 
 Messages = list[tuple[pb.WeightChunk, memoryview]]
+BUCKET = 48 << 10  # the tiny model in several buckets, some tensors larger than one (a bucket of their own)
 
 
 def _same(x):
@@ -82,18 +84,21 @@ class Faulty:
 def _sender(route: Route, access: ClientAccess):
     if route == Route.SHM:
         return ShmSender(30.0)
+    if route == Route.COLLECTIVE:
+        return CollectiveSender(bucket_bytes=BUCKET, timeout_s=30.0, access=access)
     return DataSender(access, 30.0) if route == Route.DATA else StreamSender(CHUNK)
 
 
 class Direct:
-    """The learner pushes over `route` (its generators offer a data channel only on `Route.DATA`)."""
+    """The learner pushes over `route` (its generators offer a data channel only on `Route.DATA`, weight
+    groups only on `Route.COLLECTIVE`)."""
 
     def __init__(self, route: Route):
         self.route = route
         self.last: Faulty | None = None
 
     def generator(self) -> Generator:
-        return Generator(data=self.route == Route.DATA)
+        return Generator(data=self.route == Route.DATA, collective=self.route == Route.COLLECTIVE)
 
     def push(self, gen: Generator, push: Snapshot, fault: Fault | None = None,
              token: str | None = TOKEN) -> PushOutcome:
@@ -256,8 +261,17 @@ def _another_ticket(messages):
     return messages
 
 
+def _another_backend(messages):
+    for header, _ in messages:
+        if header.HasField("collective"):
+            header.collective.backend = "mpi"
+    return messages
+
+
 # The refusals that make a route give way to the stream (`routes.FALLBACKS`), by route.
 FALLING_BACK = {
+    Route.COLLECTIVE: Fault(Reason.COLLECTIVE_UNAVAILABLE, "a backend the receiver does not offer",
+                            messages=_another_backend),
     Route.SHM: Fault(Reason.SHM_UNAVAILABLE, "a segment the receiver cannot open", messages=_missing_segment),
     Route.DATA: Fault(Reason.CHANNEL_UNAVAILABLE, "a data connection never presented",
                       messages=_another_ticket),

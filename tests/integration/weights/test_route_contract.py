@@ -1,5 +1,6 @@
-"""The route contract: every route (shared memory, data channel, gRPC stream, relay) refuses every faulty push
-for its `Reason`, keeps the old version serving bit for bit, and orders versions by lineage then step.
+"""The route contract: every route (shared memory, data channel, gRPC stream, relay, collective broadcast on
+gloo) refuses every faulty push for its `Reason`, keeps the old version serving bit for bit, and orders
+versions by lineage then step.
 
 The route is a fixture parameter (`routes.Direct`, `routes.Relayed`), each fault planted on the last hop's
 sender (`routes.Faulty`); the refusal is read where a pusher reads it, in the call's trailing metadata. A new
@@ -19,7 +20,8 @@ from tests.integration.weights.routes import FALLING_BACK, REFUSALS, SERVED, Dir
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=[Route.SHM, Route.DATA, Route.STREAM, Route.RELAY], ids=lambda r: r.value)
+@pytest.fixture(params=[Route.SHM, Route.DATA, Route.STREAM, Route.RELAY, Route.COLLECTIVE],
+                ids=lambda r: r.value)
 def route(request):
     if request.param == Route.SHM and not shm_host():
         pytest.skip("no writable /dev/shm on this machine")
