@@ -1,6 +1,7 @@
 """Delta pushes over real gRPC on every route: bit-exact round trips onto the version served, a generator on
 another base gets the version whole, a delta larger than its tensor is sent whole, a corrupted delta is
-refused by the resulting tensor's checksum, and a relay forwards the version whole."""
+refused by the resulting tensor's checksum, a relay forwards the version whole, and collective members get
+it whole."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import torch
 
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.codec import Snapshot
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.pusher import RelayPlan, WeightPusher
 from asyncrlhf.weights.relay import Relay, relay_pusher
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
 from tests.integration.weights.helpers import CHUNK, ONLY, TOKEN, Generator, push, pusher, snapshot, version
-from tests.integration.weights.routes import Fault, Faulty, _sender
+from tests.integration.weights.routes import BUCKET, Fault, Faulty, _sender
 
 pytestmark = pytest.mark.integration
 
@@ -174,3 +176,22 @@ def test_a_relay_forwards_the_delta_applied_whole(learner):
         parent.stop()
         child.stop()
 
+
+
+def test_collective_members_get_each_version_whole(learner):
+    """One broadcast serves every member of a round, so a delta pusher sends its collective targets the
+    version whole (and asks them to keep it)."""
+    gens = [Generator(seed=i, data=False, collective=True) for i in range(2)]
+    sender = CollectiveSender(bucket_bytes=BUCKET, timeout_s=20.0)
+    try:
+        with WeightPusher(ClientAccess(TOKEN), chunk_bytes=CHUNK, timeout_s=30, dtype="bfloat16", delta=True,
+                          route_senders=[sender, StreamSender(CHUNK)]) as by:
+            for step in (1, 2):
+                train_step(learner, seed=step)
+                outcomes = by.push(learner.state_dict(), version(step), [g.target_id for g in gens])
+                assert [(o.status, o.route, o.encoding) for o in outcomes] == \
+                    [("ok", Route.COLLECTIVE, "full")] * 2, outcomes
+        assert all(same(snapshot(g.model), pushed(learner, torch.bfloat16)) for g in gens)
+    finally:
+        for g in gens:
+            g.stop()
