@@ -27,7 +27,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout", "data_ticket", "collective")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "checksum", "commit", "tensor_count", "partial", "lineage", "shm_segment", "shm_offset", "relay_targets", "relay_fanout", "data_ticket", "collective", "delta", "keep_base")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class WeightChunk(_message.Message):
     RELAY_FANOUT_FIELD_NUMBER: _ClassVar[int]
     DATA_TICKET_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    KEEP_BASE_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: DType
@@ -62,7 +64,9 @@ class WeightChunk(_message.Message):
     relay_fanout: int
     data_ticket: bytes
     collective: CollectiveSlot
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ..., data_ticket: _Optional[bytes] = ..., collective: _Optional[_Union[CollectiveSlot, _Mapping]] = ...) -> None: ...
+    delta: TensorDelta
+    keep_base: bool
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ..., commit: _Optional[bool] = ..., tensor_count: _Optional[int] = ..., partial: _Optional[bool] = ..., lineage: _Optional[int] = ..., shm_segment: _Optional[str] = ..., shm_offset: _Optional[int] = ..., relay_targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ..., relay_fanout: _Optional[int] = ..., data_ticket: _Optional[bytes] = ..., collective: _Optional[_Union[CollectiveSlot, _Mapping]] = ..., delta: _Optional[_Union[TensorDelta, _Mapping]] = ..., keep_base: _Optional[bool] = ...) -> None: ...
 
 class CollectiveSlot(_message.Message):
     __slots__ = ("store", "group", "rank", "world_size", "backend", "timeout_ms", "round", "bucket_bytes", "bucket", "bucket_offset", "bucket_checksum")
@@ -89,6 +93,16 @@ class CollectiveSlot(_message.Message):
     bucket_offset: int
     bucket_checksum: int
     def __init__(self, store: _Optional[str] = ..., group: _Optional[bytes] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., round: _Optional[int] = ..., bucket_bytes: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., bucket_offset: _Optional[int] = ..., bucket_checksum: _Optional[int] = ...) -> None: ...
+
+class TensorDelta(_message.Message):
+    __slots__ = ("elements", "base_lineage", "base_version")
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    BASE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    elements: int
+    base_lineage: int
+    base_version: int
+    def __init__(self, elements: _Optional[int] = ..., base_lineage: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class RelayTarget(_message.Message):
     __slots__ = ("id", "address")

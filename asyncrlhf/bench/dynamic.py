@@ -1,9 +1,9 @@
-"""`asyncrlhf bench dynamic [--config configs/dynamic_rloo.yaml] [--seeds 0,1,2] [--steps N] [--json]
-[--out DIR] [--overwrite] [overrides]`: dynamic sampling on and off, trained through `asyncrlhf up`,
-compared at the same number of generated samples.
+"""`asyncrlhf bench dynamic [--config configs/dynamic_rloo.yaml] [--seeds 0,1,2] [--steps N]
+[--checkpoint-every K] [--json] [--out DIR] [--overwrite] [overrides]`: dynamic sampling on and off, trained
+through `asyncrlhf up`, compared at the same number of generated samples.
 
 For each seed, two runs of the pipeline bench: `async1` (every group trained) and `dyn1` (groups whose rewards
-are all equal filtered, each step refilled), with a checkpoint at every step. Dynamic sampling consumes more
+are all equal filtered, each step refilled), with a checkpoint every K steps. Dynamic sampling consumes more
 samples per step, so comparing them after the same number of steps would favour it; instead each checkpoint
 is placed at the samples its run had consumed when it was made (groups trained or filtered by then, times
 `samples_per_prompt`), and both runs are read at the same budget: the fewest samples either run of the seed
@@ -91,7 +91,9 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrlhf bench dynamic")
     parser.add_argument("--config", action="append")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--checkpoint-every", type=int, default=2,
+                        help="steps between the checkpoints scored (each costs a gold evaluation)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default="runs/bench-dynamic")
     parser.add_argument("--overwrite", action="store_true",
@@ -111,7 +113,8 @@ def main(argv: Sequence[str]) -> int:
         fresh_run_dirs(root, [name for _, name in plan], args.overwrite)
     except ValueError as err:
         parser.error(str(err))
-    runs = [run_one(files, [*overrides, f"run.seed={seed}"], name, args.steps, root, checkpoint_every=1)
+    runs = [run_one(files, [*overrides, f"run.seed={seed}"], name, args.steps, root,
+                    checkpoint_every=args.checkpoint_every)
             for seed, name in plan]
     evaluate(runs)
     for run in runs:

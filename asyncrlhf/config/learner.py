@@ -152,6 +152,12 @@ class LearnerBase(Section):
     push_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Dtype of pushed weights.")
     push_chunk_bytes: int = Field(4 << 20, ge=1024, description="Bytes per WeightSync chunk.")
+    push_delta: bool = Field(
+        False, description="Full fine-tuning: send a generator that kept the previous version only the "
+        "elements that changed (int32 indices and values per tensor; a tensor whole where that is smaller), "
+        "any other generator the version whole. The learner keeps the last version pushed (CPU, push_dtype), "
+        "each generator the version it serves (docs/weights.md, \"Delta pushes\")."
+    )
     push_timeout_s: float = Field(60.0, gt=0, description="A push to one generator fails after this long.")
     push_max_failures: int = Field(
         20, ge=1, description="Transient push failures in a row to a live generator before the learner stops."
@@ -185,6 +191,16 @@ class LearnerBase(Section):
             raise ValueError(
                 f"learner.staleness_mode={self.staleness_mode} needs every version pushed to the generators: "
                 f"set learner.sync_every=1 (it is {self.sync_every}), or use staleness_mode=bound"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _delta_pushes_need_full_fine_tuning(self) -> LearnerBase:
+        if self.push_delta and self.lora.enabled:
+            raise ValueError(
+                "learner.push_delta sends what changed in the full weights; with learner.lora.enabled only "
+                "the adapters are pushed (a few MB, nearly every element changes at each step): set "
+                "learner.push_delta=false, or learner.lora.enabled=false for full fine-tuning"
             )
         return self
 

@@ -47,6 +47,9 @@ class WireTensor:
     data: memoryview  # raw bytes, C order
     tensor: torch.Tensor  # keeps `data` alive
     checksum: int | None = None  # XXH3-64 of `data` if known (a relay forwards it): sent, not recomputed
+    # `data` is a delta (`delta.encode`: indices, then values) of this many elements onto a base version;
+    # `checksum` (always set then) is the resulting tensor's
+    delta: pb.TensorDelta | None = None
 
 
 def to_wire(name: str, tensor: torch.Tensor, cast: torch.dtype | None = None) -> WireTensor:
@@ -74,11 +77,13 @@ def prepare(
 @dataclass(frozen=True)
 class Snapshot:
     """One version's tensors as pushed: what every route carries, and what a relay forwards. `partial`: the
-    tensors cover only some of the live ones (LoRA adapters)."""
+    tensors cover only some of the live ones (LoRA adapters); `keep_base`: the receiver keeps the version as
+    the base of a later delta push (`weights/deltas.py`)."""
 
     version: PolicyVersion
     tensors: Sequence[WireTensor]
     partial: bool = False
+    keep_base: bool = False
 
 
 def snapshot(state_dict: Mapping[str, torch.Tensor], version: PolicyVersion, dtype: str | None = None,
@@ -91,7 +96,7 @@ def tensor_header(version: PolicyVersion, t: WireTensor, **fields) -> pb.WeightC
     """The message that names tensor `t` of a push of `version` (its bytes, or where they lie: `fields`)."""
     dtype: Any = t.dtype  # a pb.DType value
     return pb.WeightChunk(version=version.step, lineage=version.lineage, name=t.name, dtype=dtype,
-                          shape=t.shape, **fields)
+                          shape=t.shape, delta=t.delta, **fields)
 
 
 def version_of(header: pb.WeightChunk) -> PolicyVersion:
@@ -99,12 +104,18 @@ def version_of(header: pb.WeightChunk) -> PolicyVersion:
 
 
 def nbytes_of(header: pb.WeightChunk) -> int:
-    """The bytes of the whole tensor a message names, by its shape and dtype (0 for an unknown dtype)."""
+    """The bytes a tensor message carries in all: the whole tensor's, by its shape and dtype, or its delta's
+    (0 for an unknown dtype)."""
     dtype = FROM_WIRE.get(header.dtype)
     count = dtype.itemsize if dtype is not None else 0
+    if header.HasField("delta"):
+        return (count + DELTA_INDEX_BYTES) * header.delta.elements if count else 0
     for d in header.shape:
         count *= d
     return count
+
+
+DELTA_INDEX_BYTES = 4  # a delta's indices are int32
 
 
 def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -154,7 +165,8 @@ def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_
     version to once it is committed, `relay_fanout` at a time (`relay.py`)."""
     return pb.WeightChunk(
         version=push.version.step, lineage=push.version.lineage, commit=True, tensor_count=len(push.tensors),
-        partial=push.partial, relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
+        partial=push.partial, keep_base=push.keep_base,
+        relay_targets=[pb.RelayTarget(id=i, address=a) for i, a in relay],
         relay_fanout=relay_fanout if relay else 0)
 
 

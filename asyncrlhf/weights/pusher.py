@@ -8,7 +8,12 @@ the number of targets (`Sender.begin`). A route that fails for a reason `routes.
 the one it names, for that push and, where the table says so, from then on.
 
 `send` is one round of pushes; a target's commit message may carry its part of a relay tree (`RelayPlan`),
-which the learner's publisher chooses (`relay.TreePush`).
+which the learner's publisher chooses (`relay.TreePush`). With `delta` (`learner.push_delta`) a target that
+kept the version before gets only what changed (`delta.DeltaPushes`), and a target the delta's base turns
+out not to be (`delta_base`) gets the version whole in the same push; collective targets get it whole (one
+broadcast serves the round's members). A round writes one segment: when a
+same-host target needs the version whole, every same-host target gets it whole, and a same-host target that
+refuses a delta gets it whole over the stream (unless the round wrote the whole version to a segment).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import functools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -32,6 +38,7 @@ from asyncrlhf.weights.access import UNREACHABLE, Channels, ClientAccess
 from asyncrlhf.weights.channel import DataSender
 from asyncrlhf.weights.codec import MAX_MESSAGE_BYTES, Snapshot, commit_message, snapshot
 from asyncrlhf.weights.collective_sender import CollectiveSender
+from asyncrlhf.weights.delta import DeltaPushes, Version
 from asyncrlhf.weights.routes import FALLBACKS, Fallback, Routes, Sender, Transfer, Unreachable
 from asyncrlhf.weights.shm import ShmSender, shm_host
 from asyncrlhf.weights.stream import StreamSender
@@ -64,6 +71,7 @@ class PushOutcome:
     relayed_by: str = ""  # the id of the generator that forwarded the version to it ("": this pusher did)
     route: Route | None = None  # how the version reached it, when ok
     reason: Reason | None = None  # the receiver's refusal, when rejected
+    encoding: str = "full"  # "delta": only what changed since the version it served was sent (when ok)
 
 
 @dataclass(frozen=True)
@@ -101,12 +109,17 @@ class _Round:
 
     def __init__(self, stack: ExitStack, by_route: Mapping[Route, Sender], push: Snapshot):
         self._stack, self._senders, self._push = stack, by_route, push
+        self.version, self.keep_base = push.version, push.keep_base
         self._transfers: dict[Route, Transfer] = {}
         self._lock = threading.Lock()
 
     def begin(self, route: Route, targets: int) -> None:
         transfer = self._transfers[route] = self._senders[route].begin(self._push, targets)
         self._stack.callback(transfer.close)
+
+    def begun(self, route: Route) -> bool:
+        with self._lock:
+            return route in self._transfers
 
     def transfer(self, route: Route) -> Transfer:
         """The round's transfer on `route`, begun now if no target started on it (a fallback)."""
@@ -122,7 +135,8 @@ class WeightPusher:
 
     def __init__(self, access: ClientAccess | None = None, *, chunk_bytes: int = 4 << 20,
                  dtype: str | None = "float32", timeout_s: float = 60.0,
-                 routes: Collection[Route] = ALL_ROUTES, route_senders: Sequence[Sender] | None = None):
+                 routes: Collection[Route] = ALL_ROUTES, route_senders: Sequence[Sender] | None = None,
+                 delta: bool = False):
         if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"push chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
         self.access = access or ClientAccess()
@@ -132,17 +146,18 @@ class WeightPusher:
             senders(self.access, chunk_bytes, timeout_s, routes)
         probe = functools.partial(self.channels.get_status, timeout_s=min(PROBE_TIMEOUT_S, timeout_s))
         self.routes = Routes(made, probe)
+        self.deltas = DeltaPushes() if delta else None  # the learner's base, and which target kept which
 
     @classmethod
     def from_config(cls, cfg, routes: Collection[Route] = ALL_ROUTES) -> WeightPusher:
-        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s; with
-        learner.collective, the collective route before the others."""
+        """From a `Config`: run.token, run.grpc_tls, learner.push_chunk_bytes / push_dtype / timeout_s /
+        push_delta; with learner.collective, the collective route before the others."""
         lc, access = cfg.learner, ClientAccess.from_config(cfg)
         made = senders(access, lc.push_chunk_bytes, lc.push_timeout_s, routes)
         if lc.collective:
             made.insert(0, CollectiveSender.from_config(cfg, access))
         return cls(access, chunk_bytes=lc.push_chunk_bytes, dtype=lc.push_dtype, timeout_s=lc.push_timeout_s,
-                   routes=routes, route_senders=made)
+                   routes=routes, route_senders=made, delta=lc.push_delta)
 
     def prepare(self, state_dict: Mapping[str, torch.Tensor], version: PolicyVersion,
                 partial: bool = False) -> Snapshot:
@@ -168,15 +183,32 @@ class WeightPusher:
         if not targets:
             return []
         routes = routes if routes is not None else self.probe(targets)
-        counts = {r: routes.count(r) for r in set(routes) if isinstance(r, Route)}
+        version = self.deltas.version(push, [t.address for t in targets]) \
+            if self.deltas is not None and not push.partial else Version(push)
+        # one broadcast serves every member of a collective round: the version whole
+        sent = [version.full if r == Route.COLLECTIVE else self._snapshot(version, t)
+                for t, r in zip(targets, routes, strict=True)]
+        if any(r == Route.SHM and s is version.full for r, s in zip(routes, sent, strict=True)):
+            sent = [version.full if r == Route.SHM else s for r, s in zip(routes, sent, strict=True)]
         with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(targets),
                                                       thread_name_prefix="weight-push") as pool:
-            transfers = _Round(stack, self.routes.senders, push)
-            for route in [r for r in self.routes.senders if r in counts]:  # the segment's writer first
-                transfers.begin(route, counts[route])
-            futures = [pool.submit(self._push_one, transfers, t, r, relay.commit(push, t))
-                       for t, r in zip(targets, routes, strict=True)]
+            rounds = {id(s): _Round(stack, self.routes.senders, s)
+                      for s in (version.full, version.delta) if s is not None}
+            for snap in (version.delta, version.full):  # each round's segment writer first
+                if snap is None:
+                    continue
+                counts = Counter(r for r, s in zip(routes, sent, strict=True)
+                                 if isinstance(r, Route) and s is snap)
+                for route in [r for r in self.routes.senders if r in counts]:
+                    rounds[id(snap)].begin(route, counts[route])
+            whole = rounds[id(version.full)]
+            futures = [pool.submit(self._push_one, rounds[id(s)], t, r, relay.commit(version.full, t),
+                                   whole if s is version.delta else None)
+                       for t, r, s in zip(targets, routes, sent, strict=True)]
             return [f.result() for f in futures]
+
+    def _snapshot(self, version: Version, target: PushTarget) -> Snapshot:
+        return self.deltas.snapshot(version, target.address) if self.deltas is not None else version.full
 
     def get_status(self, address: str, timeout_s: float = 5.0) -> pb.GetStatusReply:
         return self.channels.get_status(address, timeout_s)
@@ -193,7 +225,19 @@ class WeightPusher:
         self.close()
 
     def _push_one(self, transfers: _Round, target: PushTarget, route: Route | Unreachable,
-                  commit: bytes) -> PushOutcome:
+                  commit: bytes, whole: _Round | None = None) -> PushOutcome:
+        """One target's push; `whole`: the version sent whole, when `transfers` sends it as a delta (taken
+        if the target refuses the delta's base)."""
+        outcome = self._push_route(transfers, target, route, commit, whole)
+        if self.deltas is not None:
+            if outcome.status == "ok" and outcome.version is not None and transfers.keep_base:
+                self.deltas.acknowledged(target.address, outcome.version)
+            else:
+                self.deltas.forget(target.address)
+        return outcome
+
+    def _push_route(self, transfers: _Round, target: PushTarget, route: Route | Unreachable,
+                    commit: bytes, whole: _Round | None) -> PushOutcome:
         start = time.perf_counter()
         if isinstance(route, Unreachable):
             return PushOutcome(target, "unreachable", route.code, "no answer to GetStatus", None, 0.0, 0)
@@ -202,8 +246,17 @@ class WeightPusher:
             try:
                 reply = transfers.transfer(route).send_weights(call, target.address, commit)
                 return PushOutcome(target, "ok", "OK", "", PolicyVersion(reply.lineage, reply.version),
-                                   time.perf_counter() - start, reply.bytes, route=route)
+                                   time.perf_counter() - start, reply.bytes, route=route,
+                                   encoding="full" if whole is None else "delta")
             except (grpc.RpcError, OSError) as err:
+                if whole is not None and isinstance(err, grpc.RpcError) and \
+                        refusal_reason(err) == Reason.DELTA_BASE:
+                    log.info("%s holds no base for the delta of %s: pushing it whole", target.address,
+                             transfers.version)
+                    transfers, whole = whole, None
+                    if route == Route.SHM and not transfers.begun(route):
+                        route = Route.STREAM  # the sender's segments hold one transfer at a time
+                    continue
                 fallback = _fallback(route, err)
                 if fallback is None:
                     if isinstance(err, OSError):

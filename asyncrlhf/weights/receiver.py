@@ -24,6 +24,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener, DataSource
 from asyncrlhf.weights.codec import FROM_WIRE, Snapshot, version_of
 from asyncrlhf.weights.collective_member import CollectiveMember, CollectiveSource
+from asyncrlhf.weights.delta_receive import Bases, DeltaStaging
 from asyncrlhf.weights.leases import Buffers, Holds
 from asyncrlhf.weights.routes import Payload, Source
 from asyncrlhf.weights.shm_read import ShmSource
@@ -106,6 +107,7 @@ class WeightReceiver:
         self.order = VersionOrder(version)
         self.buffers = Buffers()
         self.holds = Holds()
+        self.bases = Bases()  # the version served, kept when its push asked: what a delta applies onto
         self._lock = threading.Lock()
 
     @property
@@ -187,6 +189,9 @@ class WeightReceiver:
             raise PushRejected(Reason.DTYPE_MISMATCH,
                                f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
         nbytes = target.numel() * wire.itemsize
+        if header.HasField("delta"):
+            base = self.bases.base(header, wire, nbytes)
+            return DeltaStaging(header, base, self.buffers.get(name, nbytes), self.buffers.worker)
         lent = payload.lend()
         if lent is not None:
             return InPlace(header, nbytes, lent, self.buffers.worker)
@@ -206,6 +211,7 @@ class WeightReceiver:
         start = time.perf_counter()
         replaced = self.target.apply_weights(staged, version, adopt=True) or {}
         self.holds.rebind(replaced, done, segments, self.buffers)
+        self.bases.keep(version, header.keep_base, done, replaced, self.buffers)
         self.order.serve(version)
         snapshot = Snapshot(version, tuple(s.wire() for s in done), header.partial)
         return PushResult(snapshot, received, time.perf_counter() - start)

@@ -63,6 +63,7 @@ STATUS: dict[Reason, grpc.StatusCode] = {
     Reason.SHM_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.CHANNEL_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.COLLECTIVE_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.DELTA_BASE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -229,7 +229,7 @@ class ShmPublication:
             raise ValueError(f"segment {segment.name} holds {segment.size} bytes; this version needs {size}")
         self.name = segment.name
         self._map = segment.map
-        self._checksums = [0] * len(self.tensors)
+        self._checksums = [t.checksum or 0 for t in self.tensors]  # known ones (a delta's) even if empty
         self._written = [threading.Event() for _ in self.tensors]
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_all, name="weight-shm-write", daemon=True)

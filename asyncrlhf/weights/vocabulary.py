@@ -45,6 +45,7 @@ class Reason(StrEnum):
     # the receiver cannot take part in the push's broadcast round (no such backend, a member missing, the
     # group broke mid-round): the pusher streams instead
     COLLECTIVE_UNAVAILABLE = "collective_unavailable"
+    DELTA_BASE = "delta_base"  # a delta onto a version the receiver does not serve: the pusher sends it whole
 
 
 class PushRejected(Exception):

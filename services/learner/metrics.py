@@ -73,6 +73,16 @@ class LearnerMetrics:
                                   registry=r)
         self.pushes = Counter(names.LEARNER_PUSHES_TOTAL, "Versions that reached a generator, by the path "
                               "they took: shm, data (channel), stream (gRPC), relay.", ["path"], registry=r)
+        self.pushed_versions = Counter(names.LEARNER_PUSHED_VERSIONS_TOTAL, "Versions the learner pushed to "
+                                       "a generator itself, by encoding: delta (what changed since the "
+                                       "version it kept, learner.push_delta) or full.", ["encoding"],
+                                       registry=r)
+        self.pushed_bytes = Counter(names.LEARNER_PUSHED_BYTES_TOTAL, "Tensor bytes of those pushes, by "
+                                    "encoding (divided by pushed_versions: bytes per version).", ["encoding"],
+                                    registry=r)
+        for encoding in ("delta", "full"):  # both exported from the start
+            self.pushed_versions.labels(encoding)
+            self.pushed_bytes.labels(encoding)
         self.push_failures = Counter(names.LEARNER_PUSH_FAILURES_TOTAL,
                                      "Failed pushes, per target and status.", ["target", "status"],
                                      registry=r)

@@ -170,6 +170,9 @@ class WeightPublisher:
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
                 if outcome.route is not None:  # always, when ok
                     self.metrics.pushes.labels(outcome.route.value).inc()
+                if not outcome.relayed_by:  # the learner's own upload
+                    self.metrics.pushed_versions.labels(outcome.encoding).inc()
+                    self.metrics.pushed_bytes.labels(outcome.encoding).inc(outcome.bytes)
                 self._pushed[target] = (self.version, time.monotonic())
                 self._failures.pop(target, None)
                 self._failing_since.pop(target, None)

@@ -1,15 +1,22 @@
 """The learner's weight publisher against real WeightSync receivers (real gRPC, real Redis registry): a
 permanent refusal fails the learner at once with the receiver's reason; transient failures are retried up
-to `learner.push_max_failures` in a row; with relays every live generator still serves each version."""
+to `learner.push_max_failures` in a row; with relays every live generator still serves each version; with
+delta pushes a generator that kept the last version gets only what changed, a late one the version whole."""
 
 import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrlhf.config import load_config
-from asyncrlhf.metrics import LEARNER_PUSH_BYTES_TOTAL, LEARNER_PUSHES_TOTAL
+from asyncrlhf.metrics import (
+    LEARNER_PUSH_BYTES_TOTAL,
+    LEARNER_PUSHED_BYTES_TOTAL,
+    LEARNER_PUSHED_VERSIONS_TOTAL,
+    LEARNER_PUSHES_TOTAL,
+)
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.registry import Registry
 from asyncrlhf.version import PolicyVersion
@@ -18,6 +25,7 @@ from asyncrlhf.weights.vocabulary import Route
 from services.learner.metrics import LearnerMetrics
 from services.learner.sync import PushFailed, WeightPublisher
 from tests.integration.weights.helpers import TOKEN, Generator, same, snapshot, tiny_model
+from tests.integration.weights.test_delta import pushed, train_step
 
 pytestmark = pytest.mark.integration
 
@@ -142,6 +150,43 @@ def test_with_relays_every_live_generator_serves_each_version_and_a_dead_relay_i
                   for r in (Route.DATA, Route.RELAY)}
         assert routes == {Route.DATA: 4, Route.RELAY: 4}  # per version: g1 and g3 over their data channels
         assert pub._failures["g0"] == 2  # the dead one: reported, retried, not fatal within its TTL
+    finally:
+        pub.close()
+        for g in gens:
+            g.stop()
+
+
+def test_delta_pushes_reach_every_generator_and_a_late_one_gets_the_version_whole(
+        redis_client, redis_url, run_name):
+    """learner.push_delta with bf16 pushes, two generators over the stream and the data channel, in the
+    background as the learner runs by default; a third registers after version 2 and is brought up to date
+    whole, then takes deltas too."""
+    gens = [Generator(seed=30 + i) for i in range(3)]
+    learner = tiny_model(0)
+    pub, registry = publisher(redis_client, redis_url, run_name, learner, f"run.token={TOKEN}",
+                              "learner.push_delta=true", "learner.push_dtype=bfloat16",
+                              routes=(Route.DATA, Route.STREAM))
+    try:
+        for i, g in enumerate(gens[:2]):
+            registry.register(f"g{i}", g.address, NONE)
+        for version in (1, 2):
+            train_step(learner, seed=version)
+            pub.publish(version, background=True)
+            pub.wait()
+        registry.register("g2", gens[2].address, PolicyVersion(0, 0))
+        pub._last_sync = 0.0
+        pub.sync_late_generators()
+        train_step(learner, seed=3)
+        pub.publish(3)
+        for g in gens:
+            assert g.receiver.version.step == 3
+            assert same(snapshot(g.model), pushed(learner, torch.bfloat16))
+        get = pub.metrics.registry.get_sample_value
+        versions = {e: get(LEARNER_PUSHED_VERSIONS_TOTAL, {"encoding": e}) for e in ("delta", "full")}
+        assert versions == {"delta": 5, "full": 3}  # full: g0, g1 at 1, g2 late; delta: g0, g1 at 2, all at 3
+        size = sum(t.numel() * 2 for t in learner.state_dict().values())
+        assert get(LEARNER_PUSHED_BYTES_TOTAL, {"encoding": "full"}) == 3 * size
+        assert get(LEARNER_PUSHED_BYTES_TOTAL, {"encoding": "delta"}) < 5 * 0.2 * size
     finally:
         pub.close()
         for g in gens:

@@ -117,3 +117,9 @@ def test_dynamic_sampling_refuses_ppo_and_the_controlled_staleness_modes_saying_
     cfg = load_config(["configs/tiny.yaml"], ["learner.algorithm=rloo",
                                               "learner.dynamic_sampling.enabled=true"])
     assert cfg.learner.dynamic_sampling.refill_cap == 3.0
+
+
+def test_delta_pushes_need_full_fine_tuning_saying_why():
+    with pytest.raises(ConfigError, match="only the adapters are pushed.*learner.lora.enabled=false"):
+        load_config(["configs/tiny.yaml"], ["learner.push_delta=true", "learner.lora.enabled=true"])
+    assert load_config(["configs/tiny.yaml"], ["learner.push_delta=true"]).learner.push_delta

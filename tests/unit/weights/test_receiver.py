@@ -1,4 +1,4 @@
-"""The receiver fed directly, without a network: staging, the atomic swap, rejections."""
+"""The receiver fed directly, without a network: staging, the atomic swap, rejections, deltas."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import Snapshot, chunks, prepare
+from asyncrlhf.weights.delta import DeltaPushes
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.target import ModuleTarget, swap_in
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
@@ -102,3 +103,49 @@ def test_a_push_that_changes_lineage_mid_stream_is_refused():
     with pytest.raises(PushRejected, match="changed mid-push"):
         receiver.receive([first[0], *other[1:]])
     assert receiver.version == PolicyVersion(0, 0)
+
+
+def _delta_push(receiver_step: int, base: dict, new: dict, step: int, corrupt_index: bool = False):
+    """`new` as a delta push onto version `receiver_step` (base: its tensors), by the learner's encoder."""
+    deltas = DeltaPushes()
+    deltas.version(Snapshot(PolicyVersion(0, receiver_step), prepare(base)), ["g"])
+    deltas.acknowledged("g", PolicyVersion(0, receiver_step))
+    version = deltas.version(Snapshot(PolicyVersion(0, step), prepare(new)), ["g"])
+    push = deltas.snapshot(version, "g")
+    if corrupt_index:
+        t = next(t for t in push.tensors if t.delta is not None and t.delta.elements)
+        t.tensor[:4].view(torch.int32)[0] = 1 << 30  # the first index, far outside the tensor
+    return chunks(push, 8)
+
+
+def test_a_delta_lands_onto_the_kept_base_and_a_bad_one_is_refused_keeping_the_version():
+    live = torch.nn.Linear(64, 8)
+    receiver = WeightReceiver(ModuleTarget(live))
+    v1 = {k: torch.randn_like(v) for k, v in live.state_dict().items()}
+    v2 = {k: v.clone() for k, v in v1.items()}
+    v2["weight"][0, :3] += 1.0
+    with pytest.raises(PushRejected, match="delta_base.*holds no base"):  # nothing kept yet
+        receiver.receive(_delta_push(0, v1, v2, 1))
+
+    first = DeltaPushes().version(Snapshot(PolicyVersion(0, 1), prepare(v1)), ["g"]).full  # keep_base
+    receiver.receive(chunks(first, 8))
+    with pytest.raises(PushRejected) as refused:
+        receiver.receive(_delta_push(1, v1, v2, 2, corrupt_index=True))
+    assert refused.value.reason == Reason.BAD_OFFSET
+    assert receiver.version == PolicyVersion(0, 1) and torch.equal(live.weight, v1["weight"])
+    receiver.receive(_delta_push(1, v1, v2, 2))
+    assert all(torch.equal(live.state_dict()[k], v2[k]) for k in v2)
+    with pytest.raises(PushRejected, match="delta_base.*holds the base of"):  # onto 1, serving 2
+        receiver.receive(_delta_push(1, v1, v2, 3))
+
+
+def test_a_delta_naming_more_elements_than_its_tensor_is_refused_before_staging():
+    live = torch.nn.Linear(4, 2)
+    receiver = WeightReceiver(ModuleTarget(live))
+    v1 = {k: torch.randn_like(v) for k, v in live.state_dict().items()}
+    receiver.receive(chunks(DeltaPushes().version(Snapshot(PolicyVersion(0, 1), prepare(v1)), ["g"]).full, 8))
+    header = next(iter(chunks(Snapshot(PolicyVersion(0, 2), prepare(v1)), 1024)))
+    header.delta.elements, header.delta.base_version = 1 << 40, 1
+    with pytest.raises(PushRejected, match="bad_offset.*more than the tensor has"):
+        receiver.receive([header])
+    assert receiver.version == PolicyVersion(0, 1)
