@@ -47,12 +47,16 @@ def test_on_and_off_are_compared_at_each_seeds_common_budget_with_their_spread()
     assert result["length_within_target"]
 
 
-def test_the_dynamic_sampling_config_scores_its_questions_against_their_answers():
-    from asyncrlhf.rewards.math import math_score
-    from asyncrlhf.tasks import load_task
+def test_the_dynamic_sampling_config_scores_its_answers_one_or_zero():
+    """Strict length bands: every score is 1 or 0, so groups of equal rewards (nothing to learn) are many."""
+    from asyncrlhf.rewards import build_reward
+    from asyncrlhf.rewards.base import Item
 
     cfg = load_config(["configs/dynamic_rloo.yaml"], ["learner.dynamic_sampling.enabled=true"])
     assert cfg.learner.algorithm == "rloo" and cfg.generator.samples_per_prompt > 1
-    task = load_task(cfg.task)
-    assert len(task.train_references) == len(task.train)
-    assert math_score(task.train_references[0], task.train_references[0]) == 1.0
+    assert cfg.reward.scorers[0].args == {"strict": True} == cfg.evaluator.gold.args
+    prompt = "Describe a cat in one sentence."
+    reward = build_reward(cfg.reward)
+    scores = reward.score([Item(prompt, "A cat is a small furry animal that purrs.", True),
+                           Item(prompt, "Cat.", True), Item(prompt, " ".join(["word"] * 40), True)])
+    assert scores.scores == [1.0, 0.0, 0.0]
