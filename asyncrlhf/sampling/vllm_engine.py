@@ -79,7 +79,9 @@ class WeightLoaderExtension:
         from safetensors.torch import load_file
 
         named = load_file(weights) if isinstance(weights, str) else weights
-        return register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
+        count = register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
+        self._asyncrlhf_sync()
+        return count
 
     def asyncrlhf_add_lora_shared(self, manifest: Manifest, lora_id: int, peft: dict[str, Any]) -> int:
         """Register the adapter the generator wrote into its handoff segment, once every tensor's bytes
