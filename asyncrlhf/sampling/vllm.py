@@ -25,16 +25,17 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
 - LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
   versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model
-  (vLLM's CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): the adapter tensors are
-  written as a PEFT adapter directory and served as a new `LoRARequest` per version (loaded before it is
-  used; the previous one is removed from the engine and its files deleted).
+  (vLLM's CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): each worker builds vLLM's
+  `LoRAModel` from the adapter tensors (handed over, through the handoff, or the push file as above) and
+  registers it in place of the previous one under the run's one adapter id (`vllm_engine.register_lora`:
+  the handoff's checks first); requests carry a `LoRARequest` of that id, whose path vLLM never reads. No
+  adapter directory.
 The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. The gate
 guarantees no `generate` call is running while weights change.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -69,6 +70,12 @@ VLLM_MISSING = ("generator.backend=vllm needs vLLM, which is not installed: `mak
 # worker_extension_cls and the worker's in-place reload_weights(weights_iterator=...). deploy/Dockerfile's
 # VLLM_VERSION and pyproject's `vllm` extra satisfy it (tests/unit/deploy/test_vllm_pin.py).
 MIN_VLLM = (0, 32, 0)
+# Unmerged LoRA: the id every pushed adapter is registered under in the workers, replacing the last, so a
+# sequence in flight across a push (continuous mode) goes on with the new adapter, as with full weights; and
+# the path of its `LoRARequest`: absolute, so vLLM never takes it for a hub name, and never read, since every
+# worker holds the id (`vllm_engine.register_lora`); if vLLM ever tried, the request would fail, not serve.
+ADAPTER_ID = 1
+UNREAD_ADAPTER_PATH = "/nonexistent/asyncrlhf-pushed-adapter"
 
 
 def import_vllm():
@@ -173,6 +180,9 @@ class VLLMBackend:
                 self.llm.collective_rpc("asyncrlhf_reload_weights", args=(str(path),))
             finally:
                 path.unlink(missing_ok=True)
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
         # Cached KV blocks were computed by the old weights. With sequences in flight (continuous mode) the
         # cache resets only when they re-compute (`recompute_inflight`); kept, they and any prompt sharing a
         # cached prefix attend to the old weights' KV (vllm_stepping's docstring).
@@ -228,32 +238,36 @@ class VLLMBackend:
         return step[token].logprob, [(token_id, logprob) for _, token_id, logprob in top]
 
     def _load_adapter(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        from peft import LoraConfig as PeftLoraConfig
-        from safetensors.torch import save_file
+        """Register the adapter in every worker from its tensors (`vllm_engine.register_lora`) in place of
+        the last one, under the one id a run serves; requests carry a `LoRARequest` of that id (its path is
+        never read) named by version, so no cached prefix of another version's adapter is reused."""
         from vllm.lora.request import LoRARequest
 
-        directory = self.work_dir / f"adapter-v{version}"
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(peft_adapter_names(tensors), str(directory / "adapter_model.safetensors"))
-        peft_cfg = PeftLoraConfig(r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
-                                  target_modules=list(self.lora.target_modules), task_type="CAUSAL_LM")
-        config = peft_cfg.to_dict()
-        config["target_modules"] = sorted(config["target_modules"])
-        (directory / "adapter_config.json").write_text(json.dumps(config, default=str))
-        previous = self._lora_request
-        request = LoRARequest(f"policy-v{version}", version, str(directory))
-        try:
-            self.llm.llm_engine.add_lora(request)  # load now, not on the first request
-        except Exception:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
-        self._lora_request = request
-        if previous is not None:
-            self.llm.llm_engine.remove_lora(previous.lora_int_id)
-            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        named, peft = peft_adapter_names(tensors), self._peft_config()
+        if self.in_process:
+            self.llm.collective_rpc("asyncrlhf_add_lora", args=(named, ADAPTER_ID, peft))
+        elif self.handoff is not None:
+            manifest = self.handoff.write(named)
+            self.llm.collective_rpc("asyncrlhf_add_lora_shared", args=(manifest, ADAPTER_ID, peft))
+        else:
+            from safetensors.torch import save_file
+
+            path = self.work_dir / "push.safetensors"
+            save_file(named, str(path))
+            try:
+                self.llm.collective_rpc("asyncrlhf_add_lora", args=(str(path), ADAPTER_ID, peft))
+            finally:
+                path.unlink(missing_ok=True)
+        self._lora_request = LoRARequest(f"policy-v{version}", ADAPTER_ID, UNREAD_ADAPTER_PATH)
+        self._reset_prefix_cache()
+
+    def _peft_config(self) -> dict[str, Any]:
+        """The adapter's configuration as vLLM's `PEFTHelper` reads it (plain values: it crosses the RPC)."""
+        lora = self.lora
+        return {"r": lora.r, "lora_alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
 
     def close(self) -> None:
-        """Stop the engine, delete the work directory (adapters, push files), remove the handoff segment."""
+        """Stop the engine, delete the work directory (push files), remove the handoff segment."""
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):

@@ -15,7 +15,9 @@
   arguments would reach the worker as undecoded msgpack objects, so only where they lie crosses the RPC: the
   manifest of the generator's shared-memory handoff (`asyncrlhf_reload_shared`, `weights.handoff`: the worker
   checks each tensor's XXH3-64 before loading any), or the path of a safetensors file
-  (`generator.vllm.handoff=file`). vLLM 0.32 also has a weight-transfer engine registry
+  (`generator.vllm.handoff=file`). Unmerged LoRA adapters go the same three ways (`asyncrlhf_add_lora*`),
+  and each worker builds vLLM's `LoRAModel` from the tensors and registers it (`register_lora`): no adapter
+  directory. vLLM 0.32 also has a weight-transfer engine registry
   (`WeightTransferEngineFactory.register_engine`, engines configured at engine start by
   `weight_transfer_config`); the worker extension is used instead because its RPC is one synchronous call
   whose failure the generator sees before it serves the version, which the receiver's commit needs.
@@ -67,10 +69,68 @@ class WeightLoaderExtension:
 
     def _asyncrlhf_load(self, named: Mapping[str, torch.Tensor]) -> int:
         self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
+        self._asyncrlhf_sync()
+        return len(named)
+
+    def asyncrlhf_add_lora(self, weights: str | Mapping[str, torch.Tensor], lora_id: int,
+                           peft: dict[str, Any]) -> int:
+        """Register an adapter handed over in this process (or read from a safetensors file,
+        `handoff=file`) under `lora_id` (`register_lora`)."""
+        from safetensors.torch import load_file
+
+        named = load_file(weights) if isinstance(weights, str) else weights
+        count = register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
+        self._asyncrlhf_sync()
+        return count
+
+    def asyncrlhf_add_lora_shared(self, manifest: Manifest, lora_id: int, peft: dict[str, Any]) -> int:
+        """Register the adapter the generator wrote into its handoff segment, once every tensor's bytes
+        check (`handoff.read` raises before anything is registered otherwise)."""
+        maps = self.__dict__.setdefault("_asyncrlhf_maps", SegmentMaps())
+        named = handoff.read(manifest, maps)
+        count = register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
+        self._asyncrlhf_sync()
+        return count
+
+    def _asyncrlhf_sync(self) -> None:
         device = self.device  # type: ignore[attr-defined]
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
-        return len(named)
+
+
+def register_lora(workers: Any, named: Mapping[str, torch.Tensor], lora_id: int, peft: dict[str, Any]) -> int:
+    """Build a `LoRAModel` from verified tensors (saved-adapter names) and make it the only adapter of the
+    worker's LoRA manager (`workers`, vLLM's `LRUCacheWorkerLoRAManager`), under `lora_id`: what vLLM's own
+    `_load_adapter` does after reading an adapter directory, without the directory. Every check runs before
+    the adapter in service is removed, so a refused adapter leaves it serving. A `LoRARequest` with this id
+    then finds the adapter registered: vLLM's `add_adapter` loads from the request's path only for an id it
+    does not hold (or `load_inplace`)."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    manager = workers._adapter_manager  # noqa: SLF001  # vLLM 0.32: where its own add_adapter registers
+    helper = PEFTHelper.from_dict({**peft, "vllm_max_position_embeddings": workers.max_position_embeddings})
+    helper.validate_legal(workers.lora_config)
+    mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
+    mapper = mapper.get_rename_mapper() if mapper is not None else None
+    expected = {m for module in manager.supported_lora_modules
+                for m in manager.packed_modules_mapping.get(module, [module])}
+    unexpected = sorted({module for name in named
+                         if (module := parse_fine_tuned_lora_name(name, mapper)[0]).rsplit(".", 1)[-1]
+                         not in expected})
+    if unexpected:  # vLLM would apply the adapter to nothing there and serve the base model's output
+        raise ValueError(f"adapter modules {unexpected[:3]} are not among those vLLM serves LoRA on "
+                         f"({sorted(expected)}); nothing was registered")
+    lora = LoRAModel.from_lora_tensors(
+        lora_id, {name: t.clone() for name, t in named.items()},  # own copies: the segment is rewritten
+        helper, device="cpu", dtype=workers.lora_config.lora_dtype, model_vocab_size=workers.vocab_size,
+        weights_mapper=mapper, skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None))
+    for stale in workers.list_adapters():  # one adapter resident: the version being served
+        workers.remove_adapter(stale)
+    manager.add_adapter(lora)
+    manager.activate_adapter(lora_id)  # into the LoRA layers' buffers now, not at the first request
+    return len(named)
 
 
 def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:

@@ -1,7 +1,9 @@
 """LoRA pushes into a real vLLM engine (vLLM's CPU build here), served by vLLM's LoRA kernels and folded into
 the weights (`generator.vllm.merge_lora`, the CPU default): adapter versions 1, 2, 3 each give the log-probs
 HF + PEFT give with that adapter, sampling and scoring (`score_tokens`, what the API's log-probs are); the
-previous adapter is unloaded and its files deleted; closing the backend deletes the rest."""
+previous adapter is unloaded; closing the backend deletes the work directory. Unmerged adapters are registered
+in the engine's workers from their tensors, with no file per version (`test_lora_handoff.py`), under one
+adapter id: a sequence in flight across a push (continuous mode) goes on with the new adapter."""
 
 from __future__ import annotations
 
@@ -10,12 +12,21 @@ import torch
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.sampling.continuous import ContinuousSampler
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
-from tests.integration.vllm.helpers import PARITY_ATOL, hf_backend, max_gap, score_gap, vllm_config
+from tests.integration.vllm.helpers import (
+    PARITY_ATOL,
+    hf_backend,
+    max_gap,
+    reference_logprobs,
+    score_gap,
+    vllm_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 SAMPLING = SamplingConfig(temperature=0.9, max_new_tokens=6)
+LONG = SamplingConfig(temperature=1.0, max_new_tokens=32)
 
 
 def random_adapter(peft_model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
@@ -30,7 +41,7 @@ def random_adapter(peft_model: torch.nn.Module, seed: int) -> dict[str, torch.Te
 def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merge, in_process):
     """In the generator's process (the CPU default) a merged push hands the engine's worker its tensors; an
     engine in a process of its own gets them through the generator's shared-memory handoff."""
-    from asyncrlhf.sampling.vllm import VLLMBackend
+    from asyncrlhf.sampling.vllm import ADAPTER_ID, VLLMBackend
 
     cfg = vllm_config(tmp_path, "learner.lora.enabled=true", "learner.lora.r=8", "learner.lora.alpha=16",
                       f"generator.vllm.merge_lora={str(merge).lower()}",
@@ -46,7 +57,10 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
         previous = None
         for version in (1, 2, 3):
             adapter = random_adapter(reference, seed=version)
+            # version 2 of the unmerged case as where there is no /dev/shm (`handoff=file`): one push file
+            backend.in_process = in_process and (merge or version != 2)
             backend.apply_weights(adapter, PolicyVersion(0, version))
+            backend.in_process = in_process
             reference.load_state_dict(adapter, strict=False)
             groups = backend.generate(prompts, 3, SAMPLING)
             assert backend.version == version
@@ -60,10 +74,40 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
             if merge:  # a full-weight reload into an engine without LoRA; the push file deleted
                 assert backend.pristine is not None and list(backend.work_dir.iterdir()) == []
                 assert backend.llm.llm_engine.vllm_config.lora_config is None
-            else:
-                assert sorted(p.name for p in backend.work_dir.iterdir()) == [f"adapter-v{version}"]
-                assert set(backend.llm.llm_engine.list_loras()) == {version}
+            else:  # registered from tensors in place of the last one: no adapter directory
+                assert list(backend.work_dir.iterdir()) == []
+                assert set(backend.llm.llm_engine.list_loras()) == {ADAPTER_ID}
+                assert backend.lora_request.lora_name == f"policy-v{version}"
+        if not merge:
+            in_flight_across_a_push(backend, reference, prompts)
     finally:
         work_dir = backend.work_dir
         backend.close()
     assert not work_dir.exists()
+
+
+def in_flight_across_a_push(backend, reference, prompts) -> None:
+    """Continuous mode, KV re-computed at the push: the tokens after it are exactly the new adapter's."""
+    from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
+
+    backend.driver, backend.recompute_inflight = VLLMStepEngine(backend), True
+    sampler: ContinuousSampler[str] = ContinuousSampler(backend.driver, LONG)
+    runs = [sampler.start(f"t{i}", f"g{i}", p, 2, lineage=0) for i, p in enumerate(prompts)]
+    for _ in range(4):
+        sampler.step(3)
+    before = [[len(s.token_ids) for s in run.samples] for run in runs]
+    adapter = random_adapter(reference, seed=4)
+    backend.apply_weights(adapter, PolicyVersion(0, 4))
+    reference.load_state_dict(adapter, strict=False)
+    while sampler.running_samples:
+        sampler.step(4)
+    checked = 0
+    for run, lengths in zip(runs, before, strict=True):
+        for sample, n in zip(run.samples, lengths, strict=True):
+            assert sample.versions == [3] * n + [4] * (len(sample.token_ids) - n)
+            if len(sample.token_ids) > n:
+                checked += 1
+                expected = reference_logprobs(reference, run.prompt_ids + sample.token_ids[:n],
+                                              sample.token_ids[n:], LONG)
+                assert (torch.tensor(sample.logprobs[n:]) - expected).abs().max().item() <= PARITY_ATOL
+    assert checked, "no sample outlived the push: lengthen LONG"
