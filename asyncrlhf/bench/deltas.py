@@ -14,17 +14,15 @@ Target: delta bytes <= 0.2x a full push, or the changed share that makes it impo
 from __future__ import annotations
 
 import math
-import multiprocessing
 import statistics
 import time
 from collections.abc import Mapping
-from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 
 from asyncrlhf.bench.modes import task_prompts
-from asyncrlhf.bench.weightplane import Tensors
+from asyncrlhf.bench.weightplane import Tensors, receiver_processes
 from asyncrlhf.config import Config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.version import PolicyVersion
@@ -58,28 +56,9 @@ def _generator(shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]], conn) 
     data.close()
 
 
-@contextmanager
 def generators(shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]], n: int):
     """`n` generator processes; yields their addresses."""
-    ctx = multiprocessing.get_context("spawn")
-    with ExitStack() as stack:
-        addresses = []
-        for _ in range(n):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_generator, args=(dict(shapes), child), daemon=True)
-            proc.start()
-            stack.callback(_stop, proc, parent)
-            if not parent.poll(120):
-                raise RuntimeError("bench generator process did not start within 120 s")
-            addresses.append(f"127.0.0.1:{parent.recv()}")
-        yield addresses
-
-
-def _stop(proc, conn) -> None:
-    conn.send("stop")
-    proc.join(30)
-    if proc.is_alive():
-        proc.kill()
+    return receiver_processes(_generator, dict(shapes), n)
 
 
 def _push(pusher: WeightPusher, weights: dict[str, torch.Tensor], step: int, address: str,

@@ -15,13 +15,12 @@ their spread (min, mean, max), and the mean trained length on / off.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrlhf import metrics as names
-from asyncrlhf.bench.pipeline import evaluate, fresh_run_dirs, run_one
+from asyncrlhf.bench.pipeline import evaluate, fresh_run_dirs, report, run_one
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, read_rows
 
@@ -119,13 +118,7 @@ def main(argv: Sequence[str]) -> int:
     evaluate(runs)
     for run in runs:
         run["described"] = describe(run)
-    result = compare(runs, seeds)
-    (root / "result.json").write_text(json.dumps(result, indent=2))
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print_table(result)
-    return 0
+    return report(compare(runs, seeds), root, args.json, print_table)
 
 
 def print_table(result: dict) -> None:

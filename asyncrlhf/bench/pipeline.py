@@ -24,7 +24,7 @@ import argparse
 import json
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asyncrlhf import metrics as names
@@ -233,12 +233,16 @@ def main(argv: Sequence[str]) -> int:
             for b, name in plan]
     evaluate(runs)
     plot(runs, root / "gold_vs_wallclock.png")
-    result = summarise(runs, args.steps, root)
+    return report(summarise(runs, args.steps, root), root, args.json, print_table)
+
+
+def report(result: dict, root: Path, as_json: bool, table: Callable[[dict], None]) -> int:
+    """Write `result` to the bench dir's result.json and print it: as JSON, or as `table` prints it."""
     (root / "result.json").write_text(json.dumps(result, indent=2))
-    if args.json:
+    if as_json:
         print(json.dumps(result))
-        return 0
-    print_table(result)
+    else:
+        table(result)
     return 0
 
 

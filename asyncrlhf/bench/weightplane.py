@@ -12,9 +12,10 @@ import math
 import multiprocessing
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,15 +59,21 @@ def _generator(params: int, conn) -> None:
     server.stop(0).wait(10)  # exiting while gRPC still shuts down can abort the process
 
 
-@contextmanager
 def generators(params: int, n: int):
     """`n` generator processes; yields their addresses."""
+    return receiver_processes(_generator, params, n)
+
+
+@contextmanager
+def receiver_processes(target: Callable[[Any, Any], None], arg: Any, n: int):
+    """`n` processes running `target(arg, conn)`, each sending its gRPC port on `conn` and serving until it
+    reads "stop"; yields their addresses."""
     ctx = multiprocessing.get_context("spawn")
     with ExitStack() as stack:
         addresses = []
         for _ in range(n):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_generator, args=(params, child), daemon=True)
+            proc = ctx.Process(target=target, args=(arg, child), daemon=True)
             proc.start()
             stack.callback(_stop, proc, parent)
             if not parent.poll(120):
