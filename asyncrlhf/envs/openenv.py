@@ -165,5 +165,5 @@ def _close(conn: Any) -> None:
         pass
     try:
         conn.close()
-    except Exception:  # noqa: BLE001, S110
+    except Exception:  # noqa: BLE001, S110 - a connection already broken has nothing left to close
         pass
