@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrlhf import metrics as names
-from asyncrlhf.bench.pipeline import evaluate, fresh_run_dirs, report, run_one
+from asyncrlhf.bench.pipeline import evaluate, fresh_run_dirs, output_args, report, run_one
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, read_rows
 
@@ -93,10 +93,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--checkpoint-every", type=int, default=2,
                         help="steps between the checkpoints scored (each costs a gold evaluation)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", default="runs/bench-dynamic")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the runs an earlier bench left in --out (they would be resumed)")
+    output_args(parser, "runs/bench-dynamic")
     args, rest = parser.parse_known_args(argv)
     configs = args.config or [DEFAULT_CONFIG]
     files, overrides = split_config_args([a for f in configs for a in ("--config", f)] + rest)

@@ -212,10 +212,7 @@ def main(argv: Sequence[str]) -> int:
                         help=f"comma-separated, from {', '.join(RUNS)} (default: all)")
     parser.add_argument("--backend", action="append", choices=["hf", "vllm"],
                         help="generator backend of every run (repeat: --backend hf --backend vllm)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", default="runs/bench-pipeline")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the runs an earlier bench left in --out (they would be resumed)")
+    output_args(parser, "runs/bench-pipeline")
     args, rest = parser.parse_known_args(argv)
     files, overrides = split_config_args([a for f in args.config for a in ("--config", f)] + rest)
     names_ = [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -234,6 +231,14 @@ def main(argv: Sequence[str]) -> int:
     evaluate(runs)
     plot(runs, root / "gold_vs_wallclock.png")
     return report(summarise(runs, args.steps, root), root, args.json, print_table)
+
+
+def output_args(parser: argparse.ArgumentParser, out: str) -> None:
+    """--json, --out and --overwrite, as every bench of runs through `asyncrlhf up` takes them."""
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the runs an earlier bench left in --out (they would be resumed)")
 
 
 def report(result: dict, root: Path, as_json: bool, table: Callable[[dict], None]) -> int:
