@@ -1,6 +1,6 @@
 """`asyncrlhf bench dynamic [--config configs/dynamic_rloo.yaml] [--seeds 0,1,2] [--steps N]
-[--checkpoint-every K] [--json] [--out DIR] [--overwrite] [overrides]`: dynamic sampling on and off, trained
-through `asyncrlhf up`, compared at the same number of generated samples.
+[--checkpoint-every K] [--json] [--out DIR] [--overwrite | --keep] [overrides]`: dynamic sampling on and off,
+trained through `asyncrlhf up`, compared at the same number of generated samples.
 
 For each seed, two runs of the pipeline bench: `async1` (every group trained) and `dyn1` (groups whose rewards
 are all equal filtered, each step refilled), with a checkpoint every K steps. Dynamic sampling consumes more
@@ -9,7 +9,8 @@ is placed at the samples its run had consumed when it was made (groups trained o
 `samples_per_prompt`), and both runs are read at the same budget: the fewest samples either run of the seed
 consumed in all. Prints per run the gold reward of the last checkpoint within that budget, the share of
 groups filtered, and the mean trained completion length; then, over the seeds, on and off side by side with
-their spread (min, mean, max), and the mean trained length on / off.
+their spread (min, mean, max), and the mean trained length on / off. With `--keep`, a run an earlier bench
+finished in `--out` is read back instead of run again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrlhf import metrics as names
-from asyncrlhf.bench.pipeline import evaluate, fresh_run_dirs, output_args, report, run_one
+from asyncrlhf.bench.pipeline import evaluate, finished, fresh_run_dirs, output_args, report, run_one
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, read_rows
 
@@ -94,6 +95,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=2,
                         help="steps between the checkpoints scored (each costs a gold evaluation)")
     output_args(parser, "runs/bench-dynamic")
+    parser.add_argument("--keep", action="store_true",
+                        help="read the runs an earlier bench finished in --out instead of running them again "
+                        "(an interrupted bench goes on where it stopped); unfinished ones need --overwrite")
     args, rest = parser.parse_known_args(argv)
     configs = args.config or [DEFAULT_CONFIG]
     files, overrides = split_config_args([a for f in configs for a in ("--config", f)] + rest)
@@ -105,12 +109,16 @@ def main(argv: Sequence[str]) -> int:
         parser.error("--seeds: give at least one seed")
     root = Path(args.out)
     plan = [(seed, f"{kind}-s{seed}") for seed in seeds for kind in ("async1", "dyn1")]
+    kept = {name for _, name in plan if args.keep and finished(root / name, args.steps)}
     try:
-        fresh_run_dirs(root, [name for _, name in plan], args.overwrite)
+        fresh_run_dirs(root, [name for _, name in plan if name not in kept], args.overwrite)
     except ValueError as err:
         parser.error(str(err))
+    if kept:
+        print(f"asyncrlhf bench dynamic: read back, not run again: {', '.join(sorted(kept))}",
+              file=sys.stderr)
     runs = [run_one(files, [*overrides, f"run.seed={seed}"], name, args.steps, root,
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, reuse=name in kept)
             for seed, name in plan]
     evaluate(runs)
     for run in runs:

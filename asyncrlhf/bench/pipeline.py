@@ -68,8 +68,21 @@ def fresh_run_dirs(root: Path, run_names: Sequence[str], overwrite: bool) -> Non
         shutil.rmtree(directory)
 
 
+def finished(run_dir: Path, steps: int) -> bool:
+    """Whether an earlier bench completed this service run: `asyncrlhf up` wrote its summary with no failure
+    and the consumed log holds `steps` trained steps (an unfinished run would resume, so it never counts)."""
+    summary = run_dir / "up_summary.json"
+    try:
+        failed = json.loads(summary.read_text()).get("failed")
+    except (OSError, ValueError):
+        return False
+    return failed is None and len(rows_of(run_dir, Kind.TRAINED)) >= steps
+
+
 def run_one(files: list[str], overrides: list[str], name: str, steps: int, root: Path,
-            checkpoint_every: int | None = None) -> dict:
+            checkpoint_every: int | None = None, reuse: bool = False) -> dict:
+    """One run of the bench, or with `reuse` (a service run `finished` says is complete) its figures read
+    back from its directory without running it again."""
     from asyncrlhf.bench.inprocess import run_inprocess
     from asyncrlhf.launcher import Launcher
 
@@ -78,7 +91,7 @@ def run_one(files: list[str], overrides: list[str], name: str, steps: int, root:
     if staleness is None:
         return {**run_inprocess(files, own), "name": name}
     cfg = load_config(files, own)
-    if Launcher(cfg, files, own).run() != 0:
+    if not reuse and Launcher(cfg, files, own).run() != 0:
         raise RuntimeError(f"the {name} run failed; see {cfg.run.path / 'logs'}")
     summary = json.loads((cfg.run.path / "up_summary.json").read_text())
     rows = rows_of(cfg.run.path, Kind.TRAINED)

@@ -60,3 +60,31 @@ def test_the_dynamic_sampling_config_scores_its_answers_one_or_zero():
     scores = reward.score([Item(prompt, "A cat is a small furry animal that purrs.", True),
                            Item(prompt, "Cat.", True), Item(prompt, " ".join(["word"] * 40), True)])
     assert scores.scores == [1.0, 0.0, 0.0]
+
+
+
+def _run_dir(path, steps, failed=None):
+    """A run directory as `asyncrlhf up` leaves it: its summary, a consumed log of `steps` trained steps."""
+    import json
+
+    path.mkdir()
+    (path / "up_summary.json").write_text(json.dumps({"failed": failed, "final_metrics": {}}))
+    rows = [{"kind": "lineage", "lineage": 1, "from_lineage": 0, "version": 0, "group_ids": [], "at": 0.0}]
+    rows += [{"kind": "trained", "version": v, "group_ids": [f"g{v}"], "at": float(v)}
+             for v in range(1, steps + 1)]
+    (path / "consumed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_only_a_run_that_trained_its_steps_without_failing_is_read_back(tmp_path):
+    """`--keep` reads back what `finished` accepts; anything else would resume from its checkpoints."""
+    from asyncrlhf.bench.pipeline import finished
+
+    assert finished(_run_dir(tmp_path / "done", 6), 6)
+    assert not finished(_run_dir(tmp_path / "short", 5), 6)
+    assert not finished(_run_dir(tmp_path / "failed", 6, failed="learner exited 1"), 6)
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    assert not finished(stopped, 6)  # stopped before `up` wrote its summary
+    (stopped / "up_summary.json").write_text('{"failed": nu')  # cut short
+    assert not finished(stopped, 6)
