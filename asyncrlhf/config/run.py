@@ -229,7 +229,8 @@ class TaskConfig(Section):
     """The prompts: the shipped demo task, your JSONL, or a Hugging Face dataset (docs/bring-your-own.md)."""
 
     name: str = Field(
-        "demo", description="A shipped task (`demo`, `varlen`, `arithmetic`), `jsonl`, or `hf` (HF datasets)."
+        "demo", description="A shipped task (`demo`, `varlen`, `arithmetic`, `calculator`), `jsonl`, or `hf` "
+        "(HF datasets)."
     )
     train_path: str | None = Field(None, description="JSONL with a `prompt` field (task `jsonl`).")
     eval_path: str | None = Field(None, description="JSONL of held-out prompts (task `jsonl`).")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from asyncrlhf.config import Config
 from asyncrlhf.envs import base
 from asyncrlhf.envs.base import Env, EnvFailure, StepResult
 from asyncrlhf.envs.toolcalls import Message, ToolSpec, observation_text, render_chat
@@ -34,6 +35,24 @@ class EpisodeLimits:
     max_turn_tokens: int
     step_timeout_s: float
     max_positions: int  # the longest sequence the model takes (prompt + completion)
+
+
+def episode_limits(cfg: Config, max_turn_tokens: int) -> EpisodeLimits:
+    """The run's episode limits (`task.env`), with each model turn up to `max_turn_tokens` (the generator's
+    `max_new_tokens`, or the evaluator's)."""
+    env = cfg.task.env
+    return EpisodeLimits(max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
+                         max_turn_tokens=max_turn_tokens, step_timeout_s=env.step_timeout_s,
+                         max_positions=max_positions(cfg))
+
+
+def max_positions(cfg: Config) -> int:
+    """The longest sequence (prompt and episode) the policy takes."""
+    if cfg.model.name_or_path == "tiny":
+        return cfg.model.tiny.max_positions
+    if cfg.generator.backend == "vllm" and cfg.generator.vllm.max_model_len:
+        return cfg.generator.vllm.max_model_len
+    return cfg.model.max_prompt_tokens + cfg.task.env.max_episode_tokens
 
 
 @dataclass
@@ -114,9 +133,7 @@ class EpisodeRunner:
             first = base.reset(env, prompt, reference, self.limits.step_timeout_s)
         except EnvFailure as err:
             first, episode.end = [{"role": "user", "content": prompt}], err.reason
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        text = render_chat(self.tokenizer, system + first, episode.tools)
-        episode.prompt_ids = self._ids(text)
+        episode.prompt_ids = opening_ids(self.tokenizer, first, episode.tools, self.system_prompt)
         if not episode.end and self.room(episode) <= 0:
             episode.end = "length"
         return episode
@@ -183,6 +200,16 @@ class EpisodeRunner:
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def opening_ids(tokenizer, first: list[Message], tools: Sequence[ToolSpec],
+                system_prompt: str = "") -> list[int]:
+    """An episode's first context as ids: the system prompt, the environment's first observation and the
+    tools, rendered by the chat template and tokenised once (also what a warm start on tool calls trains
+    after, `asyncrlhf.stages.sft`)."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    text = render_chat(tokenizer, system + first, tools)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _cut(completion: Completion, limit: int) -> Completion:

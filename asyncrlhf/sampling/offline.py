@@ -38,9 +38,10 @@ class Generation:
     completion: str
     completion_ids: list[int]
     finish: str
+    loss_mask: list[int] | None = None  # an episode's: 1 on the model's tokens, 0 on the environment's
 
     def to_row(self, **extra) -> dict:
-        return {
+        row = {
             **extra,
             "prompt": self.prompt,
             "prompt_ids": self.prompt_ids,
@@ -48,6 +49,7 @@ class Generation:
             "completion_ids": self.completion_ids,
             "finish": self.finish,
         }
+        return row if self.loss_mask is None else {**row, "loss_mask": self.loss_mask}
 
     @classmethod
     def from_row(cls, row: dict) -> Generation:
@@ -57,6 +59,7 @@ class Generation:
             row["completion"],
             list(row["completion_ids"]),
             row.get("finish", "stop"),
+            row.get("loss_mask"),
         )
 
 
@@ -81,7 +84,7 @@ class PolicySampler:
         version: int = 1,
     ) -> list[list[Generation]]:
         """k completions of each prompt: `out[i][j]` is the j-th of `prompts[i]`."""
-        backend = self._backend(policy, version)
+        backend = self.backend(policy, version)
         out: list[list[Generation]] = []
         for start in range(0, len(prompt_ids), max(1, self.batch_size // k)):
             chunk = prompt_ids[start : start + max(1, self.batch_size // k)]
@@ -94,7 +97,8 @@ class PolicySampler:
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         return Generation(prompt, list(prompt_ids), text, list(c.token_ids), c.finish)
 
-    def _backend(self, policy: nn.Module, version: int):
+    def backend(self, policy: nn.Module, version: int) -> Backend:
+        """The configured backend, sampling from `policy` (its weights applied to vLLM as `version`)."""
         if self.backend_name == "hf":
             return HFBackend(
                 policy, self.tokenizer.pad_token_id, eos_ids(policy, self.tokenizer), self.device

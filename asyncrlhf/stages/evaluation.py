@@ -5,6 +5,9 @@ compared prompt by prompt with reference completions (win rate, ties half), and 
 by the policy and the reference policy (the run's initial model) for the KL estimate and perplexity
 (`asyncrlhf.algorithms.evaluation`).
 
+An episode task (`task.env`) is evaluated on held-out episodes (`asyncrlhf.stages.episode_eval`): the gold
+reward scores each episode's answer, and KL and perplexity count the model's tokens only.
+
 Reference completions: `evaluator.references_path` (a dataset's answers) or, by default, the initial
 policy's greedy completions, generated once and cached in `<run.dir>/eval/references.jsonl`.
 """
@@ -24,6 +27,7 @@ from asyncrlhf.models import encode_prompts, load_policy
 from asyncrlhf.rewards import Item, build_reward
 from asyncrlhf.sampling.offline import Generation, PolicySampler, completion_token_logprobs, sampling_for
 from asyncrlhf.stages.common import StageError, read_jsonl, read_records, take, write_jsonl
+from asyncrlhf.stages.episode_eval import HeldOutEpisodes
 from asyncrlhf.tasks import load_task, plain_text
 
 log = logging.getLogger(__name__)
@@ -69,13 +73,18 @@ class GoldEvaluation:
             self.labels = take(task.eval_references, ec.num_prompts) or None
         self._references: list[Generation] | None = None
         self._reference_scores: torch.Tensor | None = None
+        self.episodes = (HeldOutEpisodes(cfg, tokenizer, self.sampler)
+                         if cfg.task.env.kind != "none" and self.dataset_references is None else None)
 
     @property
     def sampling(self):
         return sampling_for(self.cfg.evaluator.temperature, self.cfg.evaluator.max_new_tokens)
 
     def generate(self, policy: nn.Module, version: int = 1) -> list[Generation]:
-        """One completion per held-out prompt."""
+        """One completion per held-out prompt (one episode, for an episode task)."""
+        if self.episodes is not None:
+            references = self.labels or [None] * len(self.prompts)
+            return self.episodes.generate(policy, self.prompts, references, version)
         rows = self.sampler.generate(policy, self.prompts, self.prompt_ids, 1, self.sampling, version)
         return [samples[0] for samples in rows]
 
@@ -104,6 +113,7 @@ class GoldEvaluation:
         pad, batch = self.tokenizer.pad_token_id, self.cfg.evaluator.batch_size
         policy_logps, mask = completion_token_logprobs(policy, prompt_ids, completion_ids, pad, batch)
         reference_logps, _ = completion_token_logprobs(self.reference, prompt_ids, completion_ids, pad, batch)
+        mask = mask * model_tokens(generations, mask.shape[1])
         return {
             "gold_reward": float(scores.mean()),
             "win_rate": float(A.win_rate(scores, self._reference_scores)),
@@ -111,6 +121,10 @@ class GoldEvaluation:
             "perplexity": float(A.perplexity(reference_logps, mask).mean()),
             "n_prompts": len(generations),
         }
+
+    def close(self) -> None:
+        if self.episodes is not None:
+            self.episodes.close()
 
     def score(self, generations: Sequence[Generation]) -> torch.Tensor:
         """(B,) gold rewards."""
@@ -163,5 +177,14 @@ class GoldEvaluation:
         ec, mc = self.cfg.evaluator, self.cfg.model
         return (
             f"{mc.name_or_path}|{mc.gguf_file}|{mc.system_prompt}|{mc.max_prompt_tokens}|t={ec.temperature}"
-            f"|n={ec.max_new_tokens}|seed={self.cfg.run.seed}"
+            f"|n={ec.max_new_tokens}|seed={self.cfg.run.seed}|env={self.cfg.task.env.kind}"
         )
+
+
+def model_tokens(generations: Sequence[Generation], width: int) -> torch.Tensor:
+    """(B, width) 1 on the model's tokens: all of a single completion's, an episode's by its loss mask."""
+    out = torch.ones((len(generations), width))
+    for row, g in enumerate(generations):
+        if g.loss_mask is not None:
+            out[row, : len(g.loss_mask)] = torch.as_tensor(g.loss_mask, dtype=out.dtype)
+    return out

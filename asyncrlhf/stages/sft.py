@@ -4,7 +4,9 @@ Data: `sft.data` (JSONL or a `datasets` directory with `sft.prompt_field` / `sft
 unset, the seed's best-of-n data: `sft.best_of_n` samples of the base model per train prompt
 (`generator.sampling`), the best by the gold reward (`evaluator.gold`) kept, written to
 `<run.dir>/sft_data.jsonl`. Prompts get the chat template (as every other stage sees them); the loss is the
-token-mean negative log-likelihood of the completion tokens only (EOS appended). Full fine-tuning or LoRA
+token-mean negative log-likelihood of the completion tokens only (EOS appended). With a tools task
+(`task.env.kind: tools`) each prompt is rendered as an episode's first context, tools included: the data can
+be tool calls (`configs/data/calculator_calls.jsonl`), a warm start for the episodes. Full fine-tuning or LoRA
 (`sft.lora`, merged into the weights on save). Writes an HF directory (`sft.output`) that
 `model.name_or_path` can point at.
 """
@@ -19,6 +21,9 @@ import torch
 
 from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config
+from asyncrlhf.envs import base
+from asyncrlhf.envs.episode import opening_ids
+from asyncrlhf.envs.loading import EnvFactory
 from asyncrlhf.models import encode_prompts, is_lora, load_policy, load_tokenizer, wrap_lora
 from asyncrlhf.rewards import Item, build_reward
 from asyncrlhf.sampling.offline import PolicySampler
@@ -65,13 +70,28 @@ def best_of_n_data(cfg: Config, policy, tokenizer) -> list[dict]:
     return rows
 
 
+def prompt_ids(cfg: Config, tokenizer, prompts: Sequence) -> list[list[int]]:
+    """The prompts as the policy will see them: with a tools task (`task.env.kind: tools`), as an episode's
+    first context (system prompt, question and the tools' signatures), so a warm start on tool calls trains
+    on the very context its episodes begin with; otherwise through the chat template."""
+    if cfg.task.env.kind != "tools":
+        return encode_prompts(tokenizer, prompts, cfg.model)
+    factory = EnvFactory(cfg.task.env)
+    try:
+        tools = base.tools_of(factory())
+    finally:
+        factory.close()
+    system = cfg.model.system_prompt or ""
+    return [opening_ids(tokenizer, [{"role": "user", "content": p}], tools, system) for p in prompts]
+
+
 def tokenize(cfg: Config, tokenizer, rows: Sequence[dict]) -> list[tuple[list[int], int]]:
     """(prompt + completion + EOS ids, prompt length) per example, cut to `sft.max_length`."""
     sc = cfg.sft
-    prompt_ids = encode_prompts(tokenizer, [r[sc.prompt_field] for r in rows], cfg.model)
+    prompts = prompt_ids(cfg, tokenizer, [r[sc.prompt_field] for r in rows])
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     out = []
-    for row, prompt in zip(rows, prompt_ids, strict=True):
+    for row, prompt in zip(rows, prompts, strict=True):
         completion = tokenizer(row[sc.completion_field], add_special_tokens=False)["input_ids"] + eos
         ids = (prompt + completion)[: sc.max_length]
         if len(ids) > len(prompt):

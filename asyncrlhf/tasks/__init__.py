@@ -1,5 +1,5 @@
 """Prompt sources: the shipped tasks (`demo`; `varlen`, answers from one sentence to a long one,
-`tasks/varlen.py`; `arithmetic`, questions with answers for the tool-use workload), the user's JSONL files
+`tasks/varlen.py`; `arithmetic` and `calculator`, questions with answers for tool use), the user's JSONL files
 (`task.name: jsonl`), or Hugging Face datasets (`task.name: hf`, `tasks/hf.py`). A prompt is a string or a
 chat `messages` list."""
 
@@ -89,8 +89,8 @@ def load_task(cfg: TaskConfig) -> Task:
         return Task(train=demo.train_prompts(), eval=demo.eval_prompts())
     if cfg.name == "varlen":
         return Task(train=varlen.train_prompts(), eval=varlen.eval_prompts())
-    if cfg.name == "arithmetic":
-        train, answers, held, held_answers = arithmetic.split()
+    if cfg.name in ("arithmetic", "calculator"):
+        train, answers, held, held_answers = arithmetic.split(cfg.name)
         return Task(train=train, eval=held, train_references=list(answers),
                     eval_references=list(held_answers))
     if cfg.name == "jsonl":
@@ -103,7 +103,8 @@ def load_task(cfg: TaskConfig) -> Task:
         return Task(train=train, eval=held_out)
     if cfg.name == "hf":
         return _load_hf(cfg)
-    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `varlen`, `arithmetic`, `jsonl` or `hf`")
+    raise TaskError(f"unknown task `{cfg.name}`; use `demo`, `varlen`, `arithmetic`, `calculator`, `jsonl` "
+                    "or `hf`")
 
 
 def _load_hf(cfg: TaskConfig) -> Task:

@@ -1,7 +1,13 @@
-"""The arithmetic task: questions like "What is 23 * 7?" with their answers as references, for the tool-use
-workload (`configs/tools_calculator.yaml`: a calculator tool, the answer verified against the reference).
+"""The arithmetic tasks: questions like "What is 23 * 7?" with their answers as references, for tool use (a
+calculator tool, the answer verified against the reference).
 
-Built deterministically in code (nothing downloaded) by a seeded generator; every 10th question is held
+`arithmetic`: mostly one-digit sums, which the demo model answers by itself about half the time.
+`calculator` (`configs/tools_calculator.yaml`): products of two-digit numbers and the like, which it cannot
+answer by itself, so the reward comes from calling the tool; `calculator_calls` are the tool-call
+demonstrations its warm start (`asyncrlhf sft`) trains on, written to `configs/data/calculator_calls.jsonl`
+by `tools/gen_calculator_calls.py`.
+
+Built deterministically in code (nothing downloaded) by seeded generators; every 10th question is held
 out.
 """
 
@@ -10,9 +16,12 @@ from __future__ import annotations
 import operator
 import random
 
+from asyncrlhf.envs.toolcalls import ToolCall
+
 OPS = ("+", "-", "*")
 APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 SIZE = 1100
+CALCULATOR_SIZE = 640
 
 
 def _questions() -> list[tuple[str, str]]:
@@ -33,9 +42,36 @@ def _questions() -> list[tuple[str, str]]:
     return out
 
 
-def split() -> tuple[list[str], list[str], list[str], list[str]]:
-    """(train prompts, train answers, eval prompts, eval answers)."""
-    questions = _questions()
+def _calculator_questions() -> list[tuple[str, str]]:
+    """Two-digit products, and products plus a two-digit number: beyond the demo model unaided. Distinct,
+    so no held-out question is also a training one."""
+    rng = random.Random(41)
+    out: dict[str, str] = {}
+    while len(out) < CALCULATOR_SIZE:
+        a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(10, 99)
+        if rng.random() < 0.6:
+            expression, answer = f"{a} * {b}", a * b
+        else:
+            expression, answer = f"{a} * {b} + {c}", a * b + c
+        out.setdefault(f"What is {expression}?", str(answer))
+    return list(out.items())
+
+
+def expression_of(question: str) -> str:
+    return question.removeprefix("What is ").removesuffix("?")
+
+
+def calculator_calls(n: int) -> list[dict[str, str]]:
+    """The first `n` train questions of `calculator`, each with the calculator call that answers it (the
+    Hermes convention the episodes parse) as {prompt, completion}."""
+    train, _, _, _ = split("calculator")
+    return [{"prompt": q, "completion": ToolCall("calculator", {"expression": expression_of(q)}).text()}
+            for q in train[:n]]
+
+
+def split(name: str = "arithmetic") -> tuple[list[str], list[str], list[str], list[str]]:
+    """(train prompts, train answers, eval prompts, eval answers) of `arithmetic` or `calculator`."""
+    questions = _calculator_questions() if name == "calculator" else _questions()
     train = [q for i, q in enumerate(questions) if i % 10]
     held = [q for i, q in enumerate(questions) if not i % 10]
     return [q for q, _ in train], [a for _, a in train], [q for q, _ in held], [a for _, a in held]

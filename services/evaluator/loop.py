@@ -75,6 +75,8 @@ class Evaluator:
             self.follow()
         finally:
             self.trackers.close()
+            if self.evaluation:
+                self.evaluation.close()
             if self.http:
                 self.http.stop()
         return 0

@@ -19,14 +19,14 @@ from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.envs.continuous import ContinuousEpisodes, EpisodeRun
-from asyncrlhf.envs.episode import EpisodeRunner
+from asyncrlhf.envs.episode import EpisodeRunner, episode_limits
 from asyncrlhf.envs.loading import EnvFactory
 from asyncrlhf.envs.rollouts import episode_group
 from asyncrlhf.sampling.continuous import StepEngine
 from asyncrlhf.streams import Delivery
 from asyncrlhf.version import PolicyVersion
 from services.generator.continuous import ContinuousLoop
-from services.generator.episodes import episode_limits, observe_episodes
+from services.generator.episodes import observe_episodes
 from services.generator.loop import PromptIO
 from services.generator.server import WeightSwap
 
@@ -40,7 +40,8 @@ class ContinuousEpisodeLoop(ContinuousLoop):
                  engine: StepEngine, cores: CoreShare | None = None):
         super().__init__(cfg, swap, io, tokenizer, generator_id, engine, cores)
         self.envs = EnvFactory(cfg.task.env)
-        self.runner = EpisodeRunner(tokenizer, self.envs, episode_limits(cfg), cfg.model.system_prompt or "")
+        limits = episode_limits(cfg, cfg.generator.sampling.max_new_tokens)
+        self.runner = EpisodeRunner(tokenizer, self.envs, limits, cfg.model.system_prompt or "")
         self.episodes: ContinuousEpisodes[Delivery[PromptGroup]] = ContinuousEpisodes(
             engine, self.runner, cfg.generator.sampling)
         self.sampler = self.episodes  # type: ignore[assignment]  # the same interface, over episodes

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
-from asyncrlhf.envs.episode import Episode, EpisodeLimits, EpisodeRunner
+from asyncrlhf.envs.episode import Episode, EpisodeRunner, episode_limits
 from asyncrlhf.envs.loading import EnvFactory
 from asyncrlhf.envs.rollouts import episode_group
 from asyncrlhf.sampling import Completion
@@ -42,7 +42,8 @@ class EpisodeLoop(GeneratorLoop):
                  cores: CoreShare | None = None, envs: EnvFactory | None = None):
         super().__init__(cfg, swap, io, tokenizer, generator_id, cores)
         self.envs = envs or EnvFactory(cfg.task.env)
-        self.runner = EpisodeRunner(tokenizer, self.envs, episode_limits(cfg), cfg.model.system_prompt or "")
+        limits = episode_limits(cfg, cfg.generator.sampling.max_new_tokens)
+        self.runner = EpisodeRunner(tokenizer, self.envs, limits, cfg.model.system_prompt or "")
 
     def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
         work = self._admit(deliveries)
@@ -99,19 +100,3 @@ def observe_episodes(m: EpisodeMetrics, episodes: list[Episode]) -> None:
             m.tool_errors.labels(tool=name).inc(n)
         for s in e.step_seconds:
             m.step_seconds.observe(s)
-
-
-def episode_limits(cfg: Config) -> EpisodeLimits:
-    env = cfg.task.env
-    return EpisodeLimits(max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                         max_turn_tokens=cfg.generator.sampling.max_new_tokens,
-                         step_timeout_s=env.step_timeout_s, max_positions=max_positions(cfg))
-
-
-def max_positions(cfg: Config) -> int:
-    """The longest sequence (prompt and episode) the policy takes."""
-    if cfg.model.name_or_path == "tiny":
-        return cfg.model.tiny.max_positions
-    if cfg.generator.backend == "vllm" and cfg.generator.vllm.max_model_len:
-        return cfg.generator.vllm.max_model_len
-    return cfg.model.max_prompt_tokens + cfg.task.env.max_episode_tokens

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from asyncrlhf.config import load_config
+from asyncrlhf.envs.episode import EpisodeRunner, episode_limits
+from asyncrlhf.envs.loading import EnvFactory
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.stages.sft import completion_nll, tokenize
 
@@ -66,3 +68,20 @@ def test_completion_loss_ignores_the_prompt():
 
 def test_missing_data_file_exits_2(stage, tmp_path):
     assert stage("sft", f"sft.data={tmp_path / 'nope.jsonl'}") == 2
+
+
+def test_a_tools_task_trains_after_the_first_context_of_its_episodes():
+    """With `task.env.kind: tools` the SFT prompt is an episode's first context (system prompt, question,
+    the tools' signatures), so tool-call demonstrations warm-start the very turn the episodes sample."""
+    cfg = load_config(["configs/tiny.yaml"], [
+        "task.name=calculator", "task.env.kind=tools", "task.env.tools=[calculator]", "reward.scorers=[]",
+        "model.system_prompt=Use the calculator.", "sft.max_length=4096"])
+    tokenizer = load_tokenizer(cfg.model)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 3"}}</tool_call>'
+    ((ids, prompt_len),) = tokenize(cfg, tokenizer, [{"prompt": "What is 12 * 3?", "completion": call}])
+    runner = EpisodeRunner(tokenizer, EnvFactory(cfg.task.env), episode_limits(cfg, 8), "Use the calculator.")
+    assert ids[:prompt_len] == runner.start("What is 12 * 3?", "36").prompt_ids
+    assert '"calculator"' in tokenizer.decode(ids[:prompt_len])  # the tool's signature
+    ((plain, plain_len),) = tokenize(load_config(["configs/tiny.yaml"], ["sft.max_length=4096"]), tokenizer,
+                                     [{"prompt": "What is 12 * 3?", "completion": call}])
+    assert plain[plain_len:] == ids[prompt_len:] and plain_len < prompt_len
