@@ -199,7 +199,7 @@ class EpisodeRunner:
         episode.append(ids, [0.0] * len(ids), episode.versions[-1], model=False)
 
     def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return text_ids(self.tokenizer, text)
 
 
 def opening_ids(tokenizer, first: list[Message], tools: Sequence[ToolSpec],
@@ -208,7 +208,11 @@ def opening_ids(tokenizer, first: list[Message], tools: Sequence[ToolSpec],
     tools, rendered by the chat template and tokenised once (also what a warm start on tool calls trains
     after, `asyncrlhf.stages.sft`)."""
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    text = render_chat(tokenizer, system + first, tools)
+    return text_ids(tokenizer, render_chat(tokenizer, system + first, tools))
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """`text` tokenised once, as written (no special tokens added)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
