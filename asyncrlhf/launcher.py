@@ -145,8 +145,14 @@ class Launcher:
         (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+        from asyncrlhf.model_sources import ModelLoadError  # torch: not imported until needed
+
+        try:
+            self._prepare_model()  # before Redis starts: a model that is not there leaves nothing running
+        except ModelLoadError as err:
+            print(f"asyncrlhf up: {warm_start_missing(self.cfg, self.files) or err}", file=sys.stderr)
+            return 2
         url = self._redis_url()
-        self._prepare_model()
         self.services = plan(self.cfg, self.files, self.overrides, url)
         self.monitor = StallMonitor.from_config(self.cfg, url=url,
                                                 say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
@@ -333,6 +339,20 @@ def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequenc
     learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
     return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
                          [(name, seconds) for name, seconds in silent if seconds is not None])
+
+
+def warm_start_missing(cfg: Config, files: Sequence[str]) -> str | None:
+    """What to do when the model `up` starts from is this config's own SFT output (`sft.output`, a warm
+    start such as configs/tools_calculator.yaml) and `asyncrlhf sft` has not written it yet; None when the
+    model is something else."""
+    model = Path(cfg.model.name_or_path).expanduser()
+    output = Path(cfg.sft.output.format(run_dir=cfg.run.path)).expanduser()
+    if model.exists() or model.resolve() != output.resolve():
+        return None
+    config = " ".join(files) or "CONFIG.yaml"
+    return (f"model.name_or_path {model} is this config's SFT warm start (sft.output) and has not been "
+            f"written yet: run `asyncrlhf sft {config}` first (it trains it from "
+            f"{cfg.sft.base or cfg.model.name_or_path}), then `asyncrlhf up` again")
 
 
 def print_report(run_dir: Path) -> None:

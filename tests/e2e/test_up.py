@@ -122,3 +122,18 @@ def test_a_service_crashing_past_the_restart_rate_stops_the_run_naming_it(tmp_pa
     assert re.search(r"reward-0 exited with code \d+ and was restarted 2 times", out), out[-3000:]
     assert "launch.max_restarts=2" in out and "no_such_rule" in out
     assert "At risk: no rollouts are scored" in out
+
+
+def test_up_before_its_sft_warm_start_exists_says_to_run_sft_first(tmp_path):
+    # configs/tools_calculator.yaml starts from its own SFT output: `up` alone says which command comes first
+    code, out = finish(up(tmp_path, f"model.name_or_path={tmp_path}/run/sft",
+                          config="configs/tools_calculator.yaml"), timeout=120)
+    assert code == 2, out[-4000:]
+    assert "run `asyncrlhf sft configs/tools_calculator.yaml` first" in out, out[-4000:]
+    assert "Traceback" not in out and "Redis" not in out, out[-4000:]  # refused before anything started
+
+
+def test_up_with_a_model_that_is_not_there_stops_with_the_reason(tmp_path):
+    code, out = finish(up(tmp_path, "model.name_or_path=/no/such/model"), timeout=120)
+    assert code == 2, out[-4000:]
+    assert "model path /no/such/model does not exist" in out and "Traceback" not in out, out[-4000:]
