@@ -145,12 +145,9 @@ class Launcher:
         (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        from asyncrlhf.model_sources import ModelLoadError  # torch: not imported until needed
-
-        try:
-            self._prepare_model()  # before Redis starts: a model that is not there leaves nothing running
-        except ModelLoadError as err:
-            print(f"asyncrlhf up: {warm_start_missing(self.cfg, self.files) or err}", file=sys.stderr)
+        problem = prepare_model(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
+        if problem is not None:
+            print(f"asyncrlhf up: {problem}", file=sys.stderr)
             return 2
         url = self._redis_url()
         self.services = plan(self.cfg, self.files, self.overrides, url)
@@ -195,12 +192,6 @@ class Launcher:
         data_dir = self.cfg.run.path / "redis" if self.cfg.redis.persist else None
         self.redis = EmbeddedRedis(data_dir=data_dir, appendfsync=self.cfg.redis.appendfsync).start()
         return self.redis.url
-
-    def _prepare_model(self) -> None:
-        """Convert a GGUF once here, so the services do not all convert it at the same time."""
-        from asyncrlhf.model_sources import resolve_model_dir
-
-        resolve_model_dir(self.cfg.model)
 
     def _supervise(self, progress: Progress) -> int:
         learner = next(s for s in self.services if s.kind == "learner")
@@ -339,6 +330,18 @@ def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequenc
     learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
     return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
                          [(name, seconds) for name, seconds in silent if seconds is not None])
+
+
+def prepare_model(cfg: Config, files: Sequence[str]) -> str | None:
+    """Find the model the services start from (a GGUF converted once here, so the services do not all
+    convert it at the same time); why it cannot be used, or None."""
+    from asyncrlhf.model_sources import ModelLoadError, resolve_model_dir  # torch: imported only here
+
+    try:
+        resolve_model_dir(cfg.model)
+    except ModelLoadError as err:
+        return warm_start_missing(cfg, files) or str(err)
+    return None
 
 
 def warm_start_missing(cfg: Config, files: Sequence[str]) -> str | None:

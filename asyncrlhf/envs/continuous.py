@@ -28,7 +28,7 @@ from asyncrlhf.envs.base import EnvFailure, StepResult
 from asyncrlhf.envs.episode import MAX_PARALLEL_STEPS, Episode, EpisodeRunner
 from asyncrlhf.envs.handon import Resumed, Turn, partial_sample, resume
 from asyncrlhf.sampling.backend import Completion, Finish
-from asyncrlhf.sampling.continuous import StepEngine
+from asyncrlhf.sampling.continuous import StepEngine, with_engine_versions
 
 T = TypeVar("T")
 
@@ -149,6 +149,7 @@ class ContinuousEpisodes(Generic[T]):
             slot.turn.versions += [version] * len(delta.token_ids)
             self.sampled_tokens += len(delta.token_ids)
             if delta.finish is not None:
+                with_engine_versions(slot.turn.versions, delta)
                 del self._sequences[delta.key]
                 slot.key = None
                 self._turn_ended(where[0], where[1], delta.finish)

@@ -28,12 +28,27 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class StepDelta:
     """What one engine step sampled for one sequence: its new tokens and their log-probs, and `finish` once
-    the sequence ended."""
+    the sequence ended. `versions`, once it ended, where the engine reports it: the version of the weights
+    that sampled each of the sequence's tokens, by the engine's own account (None for a token sampled before
+    any version was labelled); it replaces the loop's labels (`with_engine_versions`)."""
 
     key: str
     token_ids: list[int]
     logprobs: list[float]
     finish: Finish | None = None
+    versions: tuple[int | None, ...] | None = None
+
+
+def with_engine_versions(labels: list[int], delta: StepDelta) -> None:
+    """Replace the loop's labels of an ended sequence's tokens (the last `len(delta.versions)` of `labels`:
+    a sequence continues a sample or an episode's earlier tokens) by the engine's own, where it gives one.
+    The loop labels a step's tokens with the version it holds when it reads them; an engine that steps in a
+    process of its own may have sampled them before the push the loop already applied."""
+    if delta.versions is None or len(delta.versions) > len(labels):
+        return  # no account, or not of these tokens: the loop's labels stand
+    start = len(labels) - len(delta.versions)
+    labels[start:] = [ours if engine is None else engine
+                      for ours, engine in zip(labels[start:], delta.versions, strict=True)]
 
 
 class StepEngine(Protocol):
@@ -146,6 +161,7 @@ class ContinuousSampler(Generic[T]):
             sample.versions += [version] * len(delta.token_ids)
             self.sampled_tokens += len(delta.token_ids)
             if delta.finish is not None:
+                with_engine_versions(sample.versions, delta)
                 sample.finish = delta.finish
                 del self._sequences[delta.key]
                 if run.done:

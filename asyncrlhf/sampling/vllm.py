@@ -36,12 +36,13 @@ guarantees no `generate` call is running while weights change.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +159,32 @@ class VLLMBackend:
         self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> None:
         """Load into the engine (its workers copy the tensors either way, so `adopt` changes nothing)."""
-        if self.pristine is not None:
-            self._reload(merged_weights(self.pristine, tensors, self.lora))
-        elif self.lora.enabled:
-            self._load_adapter(tensors, version.step)
-        else:
-            self._reload(tensors)
+        with self._engine_held(version.step):
+            if self.pristine is not None:
+                self._reload(merged_weights(self.pristine, tensors, self.lora))
+            elif self.lora.enabled:
+                self._load_adapter(tensors, version.step)
+            else:
+                self._reload(tensors)
         self._version = version.step
+
+    @contextlib.contextmanager
+    def _engine_held(self, step: int) -> Iterator[None]:
+        """Keep the engine from stepping while its weights change, then label its steps from here on with
+        `step` (vLLM's weight version: a finished output's `weight_versions` spans say which label each token
+        was sampled under, `vllm_stepping.engine_versions`). An engine core in this process steps only when
+        called, and the loop does not call it during a swap. One in a process of its own steps by itself: it
+        is paused (`keep`: its sequences stay, with their KV cache) until the new weights are loaded and
+        labelled, so no step straddles the swap and the label of every step is that of the weights it ran."""
+        core = self.llm.llm_engine.engine_core
+        if not self.in_process:
+            core.call_utility("pause_scheduler", "keep", False)  # returns once no step runs
+        try:
+            yield
+            self.llm.llm_engine.set_weight_version(str(step))
+        finally:
+            if not self.in_process:
+                core.call_utility("resume_scheduler")
 
     def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file

@@ -48,6 +48,20 @@ def finish_of(reason: str | None) -> Finish:
     return "stop" if reason == "stop" else "length"
 
 
+def engine_versions(spans: Sequence[Any] | None) -> tuple[int | None, ...] | None:
+    """The version of each of a finished request's tokens from vLLM's weight-version spans (tokens
+    `[start, end)` sampled under label `version`: `VLLMBackend` labels each version it loads with its step);
+    None for a token sampled under a label that is not a step (vLLM's "default", before the first push), and
+    None for all when the engine reported no span."""
+    if not spans:
+        return None
+    versions: list[int | None] = []
+    for span in spans:
+        label = int(span.version) if span.version.isdigit() else None
+        versions += [label] * (span.end - span.start)
+    return tuple(versions)
+
+
 class VLLMStepEngine:
     """A `StepEngine` over `backend.llm`'s engine. Only the thread that calls `step` touches the engine;
     other threads `submit` requests and wait for their final outputs."""
@@ -102,7 +116,10 @@ class VLLMStepEngine:
         c = out.outputs[0]
         ids = list(c.token_ids)
         logps = [step[token].logprob for step, token in zip(c.logprobs or [], ids, strict=True)]
-        return StepDelta(out.request_id, ids, logps, finish_of(c.finish_reason) if out.finished else None)
+        if not out.finished:
+            return StepDelta(out.request_id, ids, logps)
+        return StepDelta(out.request_id, ids, logps, finish_of(c.finish_reason),
+                         engine_versions(getattr(c, "weight_versions", None)))
 
     # -- other clients' requests -------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 GPU default), through its shared-memory handoff: over every route, the engine serves the pushed model's
 log-probs, and no file is created or written per version (a watchdog observer on the cache directory, the
 engine's work directory within it, and on /dev/shm); bytes that change between the generator's check and
-the worker's load are refused by the worker, and the engine keeps serving the old version."""
+the worker's load are refused by the worker, and the engine keeps serving the old version. Stepped
+continuously, the engine process's own account labels every token with the weights that sampled it, though
+it samples ahead of the loop that reads the tokens."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from watchdog.observers import Observer
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
+from asyncrlhf.sampling.continuous import ContinuousSampler
+from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
@@ -24,7 +28,7 @@ from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.shm import SHM_DIR
 from asyncrlhf.weights.vocabulary import Route
-from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, vllm_config
+from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, reference_logprobs, vllm_config
 from tests.unit.generator.peaked import perturbed_state_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -145,3 +149,42 @@ def test_bytes_that_change_after_the_check_are_refused_by_the_worker_and_the_old
     groups = backend.generate(prompts, 2, SAMPLING)
     assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL
     assert torch.isfinite(torch.tensor([lp for g in groups for c in g for lp in c.logprobs])).all()
+
+
+def test_a_continuous_engine_process_labels_each_token_with_the_weights_that_sampled_it(engine):
+    # The loop reads a step's tokens after the engine process sampled them, and may have applied a push in
+    # between: the labels come from the engine (paused for the swap), so each token's behaviour log-prob is
+    # that of the weights its label names. KV recomputed after the push: the new weights' exact log-probs.
+    cfg, _, backend, prompts = engine
+    policy = load_policy(cfg.model).eval()
+    first = backend.version + 1
+    weights = {first: perturbed_state_dict(policy, seed=31, scale=0.2),
+               first + 1: perturbed_state_dict(policy, seed=32, scale=0.2)}
+    long = SamplingConfig(temperature=1.0, max_new_tokens=48)
+    backend.apply_weights(weights[first], PolicyVersion(0, first))
+    backend.driver, backend.recompute_inflight = VLLMStepEngine(backend), True
+    try:
+        sampler: ContinuousSampler[str] = ContinuousSampler(backend.driver, long)
+        runs = [sampler.start(f"t{i}", f"g{i}", p, 2, lineage=0) for i, p in enumerate(prompts)]
+        for _ in range(6):
+            sampler.step(first)
+        backend.apply_weights(weights[first + 1], PolicyVersion(0, first + 1))
+        while sampler.running_samples:
+            sampler.step(first + 1)
+    finally:
+        backend.driver, backend.recompute_inflight = None, False
+    straddled = 0
+    for run in runs:
+        for sample in run.samples:
+            ids, n = sample.token_ids, len(sample.token_ids)
+            m = sample.versions.index(first + 1) if first + 1 in sample.versions else n
+            assert sample.versions == [first] * m + [first + 1] * (n - m)
+            straddled += 0 < m < n
+            for version, (lo, hi) in ((first, (0, m)), (first + 1, (m, n))):
+                if lo == hi:
+                    continue
+                policy.load_state_dict(weights[version])
+                expected = reference_logprobs(policy, run.prompt_ids + ids[:lo], ids[lo:hi], long)
+                gap = (torch.tensor(sample.logprobs[lo:hi]) - expected).abs().max().item()
+                assert gap <= PARITY_ATOL, (version, lo, hi, gap)
+    assert straddled, "no sample was sampled by both versions: lengthen the sampling"
