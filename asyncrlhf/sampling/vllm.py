@@ -177,13 +177,16 @@ class VLLMBackend:
         is paused (`keep`: its sequences stay, with their KV cache) until the new weights are loaded and
         labelled, so no step straddles the swap and the label of every step is that of the weights it ran."""
         core = self.llm.llm_engine.engine_core
-        if not self.in_process:
+        # a core in a process of its own: vLLM's multiprocess clients pass utility calls, its in-process
+        # client has none (which engine runs where is vLLM's choice too, not only `in_process`'s)
+        remote = hasattr(core, "call_utility")
+        if remote:
             core.call_utility("pause_scheduler", "keep", False)  # returns once no step runs
         try:
             yield
             self.llm.llm_engine.set_weight_version(str(step))
         finally:
-            if not self.in_process:
+            if remote:
                 core.call_utility("resume_scheduler")
 
     def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
