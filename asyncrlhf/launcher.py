@@ -348,8 +348,10 @@ def warm_start_missing(cfg: Config, files: Sequence[str]) -> str | None:
     """What to do when the model `up` starts from is this config's own SFT output (`sft.output`, a warm
     start such as configs/tools_calculator.yaml) and `asyncrlhf sft` has not written it yet; None when the
     model is something else."""
+    from asyncrlhf.stages.common import run_path  # where `asyncrlhf sft` writes it
+
     model = Path(cfg.model.name_or_path).expanduser()
-    output = Path(cfg.sft.output.format(run_dir=cfg.run.path)).expanduser()
+    output = run_path(cfg, cfg.sft.output)
     if model.exists() or model.resolve() != output.resolve():
         return None
     config = " ".join(files) or "CONFIG.yaml"
