@@ -12,8 +12,9 @@ On a GPU (the demo model, SmolLM2-135M, fp32: the learner's dtype):
    HF + PEFT;
 5. `push-1b`: a 1B-parameter bf16 model (random weights, built in code) pushed the same way, timed;
 6. `push-collective`: other weights (the learner's, perturbed) pushed over the collective route into the
-   same engine: NCCL with two GPUs or more (learner on cuda:0, the receiver on cuda:1: NCCL takes one
-   device per rank), else gloo; timed, then the log-prob gap to the HF model on the pushed weights
+   same engine, whose worker joins the weight group itself (`handoff: engine worker joined`): NCCL with two
+   GPUs or more (the engine's worker on cuda:0, the learner on cuda:1: NCCL takes one device per rank), else
+   gloo; timed, then the log-prob gap to the HF model on the pushed weights
    (<= 1e-3) and to the model it served before (must be far larger: the served weights really changed,
    where an update that silently did nothing would still report success);
 7. `tensor-parallel` (`--tp N`): an engine sharded over N GPUs, the push of step 3 and its gap.
@@ -184,11 +185,15 @@ def tokens_per_s(backend, prompts, sampling) -> dict[str, Any]:
 
 def push(backend, weights, version: int, dtype: str = "float32", nccl: bool | None = None) -> dict[str, Any]:
     """`weights` over WeightSync into `backend`, as a learner on this host pushes them: seconds, route. `nccl`
-    not None: over the collective route only (NCCL when true, else gloo)."""
-    member = None if nccl is None else CollectiveMember("cuda:1" if nccl else "cpu")
+    not None: over the collective route only (NCCL when true, else gloo), received by the engine's worker
+    where it joins weight groups (on the engine's GPU, cuda:0: the learner on cuda:1), else by this process
+    (on cuda:1, the learner on cuda:0)."""
+    in_engine = backend.engine_member if nccl is not None else None
+    member = None if nccl is None else in_engine or CollectiveMember("cuda:1" if nccl else "cpu")
     server, port = serve(WeightReceiver(backend, collective=member), access=ServerAccess(TOKEN))
+    learner_device = ("cuda:1" if in_engine is not None else "cuda:0") if nccl else "cpu"
     senders = None if nccl is None else \
-        [CollectiveSender(timeout_s=600, device="cuda:0" if nccl else "cpu"), StreamSender(4 << 20)]
+        [CollectiveSender(timeout_s=600, device=learner_device), StreamSender(4 << 20)]
     try:
         target = PushTarget("smoke", f"127.0.0.1:{port}")
         with WeightPusher(ClientAccess(TOKEN), dtype=dtype, timeout_s=600, route_senders=senders) as pusher:
@@ -198,13 +203,14 @@ def push(backend, weights, version: int, dtype: str = "float32", nccl: bool | No
             seconds = time.perf_counter() - start
     finally:
         server.stop(0)
-        if member is not None:
+        if member is not None and member is not in_engine:  # the engine's is the backend's to close
             member.close()
     if outcome.status != "ok" or (nccl is not None and outcome.route != Route.COLLECTIVE):
         raise RuntimeError(f"push refused, or not over the route asked: {outcome}")
     shared = backend.handoff is not None and not backend.in_process
-    return {"route": str(route), "handoff": "shm" if shared else "in-process" if backend.in_process else
-            "file", "push_s": round(seconds, 3), "bytes": outcome.bytes,
+    handoff = "shm" if shared else "in-process" if backend.in_process else "file"
+    return {"route": str(route), "handoff": "engine worker joined" if in_engine is not None else handoff,
+            "push_s": round(seconds, 3), "bytes": outcome.bytes,
             "failed": backend.version != version or not (shared or backend.in_process)}
 
 

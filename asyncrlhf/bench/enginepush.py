@@ -2,12 +2,15 @@
 
 Step-to-serve of full-weight pushes into a vLLM engine that runs in processes of its own (the GPU default,
 `generator.vllm.engine_in_process=false`), through the generator's shared-memory handoff against through a
-safetensors file per version (`generator.vllm.handoff`), on one engine and one model, in one run. A push is
-timed from the learner's weights of a finished step to the engine serving them: the pusher's cast and write
-(the learner's shared-memory route: same host), the receiver's check, the handoff and the workers' reload.
-The two alternate push by push (`--repeats` of each after one of each that allocates), each a different
+safetensors file per version (`generator.vllm.handoff`), and over the collective route received by the
+engine's worker itself (`generator.vllm.collective_in_engine`: gloo here, the learner's broadcast straight
+into the worker, never through the generator's process), on one engine and one model, in one run. A push is
+timed from the learner's weights of a finished step to the engine serving them: for the first two the
+pusher's cast and write (the learner's shared-memory route: same host), the receiver's check, the handoff and
+the workers' reload; for the collective route the cast, the broadcast, the worker's checks and its reload.
+The three alternate push by push (`--repeats` of each after one of each that allocates), each a different
 version of the config's model (LoRA off: full weights, in `learner.push_dtype`), so drift on a shared host
-hits both alike; medians are reported. Target: shared memory <= 0.5x the file.
+hits all alike; medians are reported. Target: shared memory <= 0.5x the file.
 
 Both include the workers' reload (vLLM's in-place `reload_weights`: on CPU it rebuilds each layer and
 repacks its weights for oneDNN), which neither path changes; so the bench also times the hop itself, in this
@@ -32,6 +35,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights import handoff
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.codec import PUSH_DTYPES
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.handoff import Handoff
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
@@ -45,10 +49,11 @@ TOKEN = "bench"
 def engine_config(cfg: Config) -> Config:
     """The config's model and generator, full weights, the engine in processes of its own."""
     g = cfg.generator
-    vllm = g.vllm.model_copy(update={"engine_in_process": False, "handoff": "shm"})
+    vllm = g.vllm.model_copy(update={"engine_in_process": False, "handoff": "shm",
+                                     "collective_in_engine": True})
     learner = cfg.learner.model_copy(update={"lora": cfg.learner.lora.model_copy(update={"enabled": False})})
-    return cfg.model_copy(update={"generator": g.model_copy(update={"backend": "vllm", "vllm": vllm}),
-                                  "learner": learner})
+    generator = g.model_copy(update={"backend": "vllm", "vllm": vllm, "collective": True})
+    return cfg.model_copy(update={"generator": generator, "learner": learner})
 
 
 def _timed_push(pusher: WeightPusher, weights: dict[str, torch.Tensor], step: int, target: PushTarget,
@@ -67,35 +72,45 @@ def compare(cfg: Config, repeats: int) -> dict[str, Any]:
     cfg = engine_config(cfg)
     backend = VLLMBackend.from_config(cfg, load_tokenizer(cfg.model))
     shared = backend.handoff
-    if shared is None:
-        raise RuntimeError("the engine runs in this process or has no shared-memory handoff")
+    if shared is None or backend.engine_member is None:
+        raise RuntimeError("the engine runs in this process, has no shared-memory handoff, or its worker "
+                           "cannot join a weight group (run.grpc_tls set?)")
     state = {name: t.detach() for name, t in load_policy(cfg.model).state_dict().items()}
     nbytes = sum(t.numel() for t in state.values()) * PUSH_DTYPES[cfg.learner.push_dtype].itemsize
-    times: dict[str, list[float]] = {"shm": [], "file": []}
-    server, port = serve(WeightReceiver(backend), access=ServerAccess(TOKEN))
+    times: dict[str, list[float]] = {"shm": [], "file": [], "collective": []}
+    receiver = WeightReceiver(backend, collective=backend.engine_member)
+    server, port = serve(receiver, access=ServerAccess(TOKEN))
+    access, timeout_s = ClientAccess(TOKEN), 600
+    collective = CollectiveSender(cfg.learner.collective_host, cfg.learner.collective_bucket_bytes, timeout_s,
+                                  access=access)
     try:
         target = PushTarget("bench", f"127.0.0.1:{port}")
-        with WeightPusher(ClientAccess(TOKEN), dtype=cfg.learner.push_dtype, timeout_s=600) as pusher:
+        with WeightPusher(access, dtype=cfg.learner.push_dtype, timeout_s=timeout_s) as pusher, \
+                WeightPusher(access, dtype=cfg.learner.push_dtype, timeout_s=timeout_s,
+                             route_senders=[collective]) as broadcaster:
             step = 0
             for r in range(repeats + 1):
-                order: list[tuple[str, Handoff | None]] = [("shm", shared), ("file", None)]
-                for mode, handoff in order if r % 2 else reversed(order):
+                order: list[tuple[str, Handoff | None, WeightPusher]] = [
+                    ("shm", shared, pusher), ("file", None, pusher), ("collective", None, broadcaster)]
+                for mode, handoff, by in order[r % 3:] + order[:r % 3]:
                     backend.handoff = handoff
                     step += 1
                     weights = {name: t + step * 1e-3 if t.is_floating_point() else t
                                for name, t in state.items()}
-                    times[mode].append(_timed_push(pusher, weights, step, target))
+                    times[mode].append(_timed_push(by, weights, step, target))
     finally:
         backend.handoff = shared
         server.stop(0)
         backend.close()
     shm_s, file_s = statistics.median(times["shm"][1:]), statistics.median(times["file"][1:])
+    collective_s = statistics.median(times["collective"][1:])
     wire = {name: (t.to(PUSH_DTYPES[cfg.learner.push_dtype]) if t.is_floating_point() else t).clone()
             for name, t in state.items()}  # tied weights apart, as a receiver stages them
     hop_shm, hop_file = hop_seconds(wire, repeats, backend.work_dir.parent)
     return {"model": cfg.model.name_or_path, "push_dtype": cfg.learner.push_dtype, "push_bytes": nbytes,
             "repeats": repeats, "shm_step_to_serve_s": shm_s, "file_step_to_serve_s": file_s,
-            "ratio": shm_s / file_s, "target_ratio": TARGET_RATIO, "shm_hop_s": hop_shm,
+            "ratio": shm_s / file_s, "target_ratio": TARGET_RATIO, "collective_step_to_serve_s": collective_s,
+            "collective_ratio": collective_s / file_s, "shm_hop_s": hop_shm,
             "file_hop_s": hop_file, "hop_ratio": hop_shm / hop_file, "times": times}
 
 
@@ -132,5 +147,8 @@ def report(result: dict[str, Any]) -> list[str]:
             f"  step-to-serve  shared memory {result['shm_step_to_serve_s']:.3f} s   file "
             f"{result['file_step_to_serve_s']:.3f} s   ratio {result['ratio']:.2f}x (target <= "
             f"{TARGET_RATIO}: {verdict})",
+            f"  step-to-serve  collective, received by the engine's worker "
+            f"{result['collective_step_to_serve_s']:.3f} s   ratio to the file "
+            f"{result['collective_ratio']:.2f}x",
             f"  the hop alone  shared memory {result['shm_hop_s']:.3f} s   file "
             f"{result['file_hop_s']:.3f} s   ratio {result['hop_ratio']:.2f}x (no engine)"]

@@ -108,6 +108,13 @@ class VLLMConfig(Section):
         "it (no file per version); `file`: a safetensors file per version in the work directory; auto: "
         "shm where /dev/shm is writable, else file. An engine in the generator's process takes the "
         "tensors themselves.")
+    collective_in_engine: bool = Field(
+        True, description="An engine in processes of its own, with the collective route (generator."
+        "collective, learner.collective): its worker joins the learner's weight group itself and receives "
+        "each version's broadcast (NCCL into its GPU where both ends are on GPUs), verifying every bucket "
+        "and tensor before it loads any; false: the generator's process joins and hands each version over "
+        "(`handoff`). Full-weight pushes and tensor_parallel_size 1 only; otherwise the generator's process "
+        "joins.")
     inflight_kv: Literal["keep", "recompute"] = Field(
         "keep", description="Continuous mode: after a push, sequences in flight keep the KV cache the old "
         "weights computed (`keep`, PipelineRL's choice: no recompute) or are prefilled again under the new "

@@ -20,8 +20,10 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   on CPU); to an engine in processes of its own (the default on GPU) through the generator's shared-memory
   handoff (`weights.handoff`: one segment rewritten per version, each tensor checked by the workers before
   any is loaded), or a safetensors file in the work directory where there is no /dev/shm
-  (`generator.vllm.handoff`); then the prefix cache is reset, since cached KV blocks were computed by the
-  old weights.
+  (`generator.vllm.handoff`); or, over the collective route, straight from the learner's broadcast into the
+  worker, which joins the weight group itself (`generator.vllm.collective_in_engine`,
+  `weights.engine_member`); then the prefix cache is reset, since cached KV blocks were computed by the old
+  weights.
 - LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
   versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import weakref
@@ -59,8 +62,10 @@ from asyncrlhf.sampling.vllm_engine import (
     pristine_targets,
     shared_handoff,
     weight_skeleton,
+    worker_joins,
 )
 from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.engine_member import EngineMember, Place, refusal
 from asyncrlhf.weights.handoff import Handoff
 
 log = logging.getLogger(__name__)
@@ -106,6 +111,21 @@ def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return {name.replace(".default.", "."): tensor.contiguous() for name, tensor in tensors.items()}
 
 
+def completion(output: Any) -> Completion:
+    """One vLLM `CompletionOutput` as a `Completion`."""
+    ids = list(output.token_ids)
+    logps = [step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)]
+    return Completion(ids, logps, "stop" if output.finish_reason == "stop" else "length")
+
+
+def token_score(step: Mapping[int, Any], token: int, top_n: int) -> TokenScore:
+    """One position's {id: Logprob} (the token's own entry, whatever its rank, and the top_n by rank) ->
+    (the token's log-prob, the top_n most likely first)."""
+    top = sorted((entry.rank, token_id, entry.logprob) for token_id, entry in step.items()
+                 if entry.rank <= top_n)
+    return step[token].logprob, [(token_id, logprob) for _, token_id, logprob in top]
+
+
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
                  pristine: dict[str, torch.Tensor] | None = None, in_process: bool = False,
@@ -113,6 +133,8 @@ class VLLMBackend:
         self.llm, self.skeleton, self.lora, self.work_dir = llm, skeleton, lora, work_dir
         self.in_process = in_process  # the engine's worker is in this process: pushes hand it tensors
         self.handoff = handoff  # else: its shared-memory handoff (None: a file per version)
+        # the collective route's rounds, received by the engine's worker itself (`engine_member.py`)
+        self.engine_member: EngineMember | None = None
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._version = 0
         self._lora_request: Any = None
@@ -140,8 +162,13 @@ class VLLMBackend:
             pristine = pristine_targets(model_dir, skeleton, dtype)
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
         local = in_process(cfg, env)
-        return cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,
-                   handoff=None if local or not shared_handoff(cfg) else Handoff())
+        backend = cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,
+                      handoff=None if local or not shared_handoff(cfg) else Handoff())
+        if not local and worker_joins(cfg):  # before any request: the RPC has the engine to itself
+            authkey = secrets.token_bytes(32)
+            ((address, backends),) = llm.collective_rpc("asyncrlhf_join_rounds", args=(authkey,))
+            backend.engine_member = EngineMember(address, authkey, backends)
+        return backend
 
     @property
     def version(self) -> int:
@@ -158,9 +185,13 @@ class VLLMBackend:
     def apply_weights(
         self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> None:
-        """Load into the engine (its workers copy the tensors either way, so `adopt` changes nothing)."""
+        """Load into the engine (its workers copy the tensors either way, so `adopt` changes nothing). Meta
+        tensors are a collective round the engine's worker received: it verifies and loads them."""
+        held = self.engine_member.held(tensors) if self.engine_member is not None else None
         with self._engine_held(version.step):
-            if self.pristine is not None:
+            if held is not None:
+                self._load_round(held)
+            elif self.pristine is not None:
                 self._reload(merged_weights(self.pristine, tensors, self.lora))
             elif self.lora.enabled:
                 self._load_adapter(tensors, version.step)
@@ -205,6 +236,13 @@ class VLLMBackend:
                 path.unlink(missing_ok=True)
         self._reset_prefix_cache()
 
+    def _load_round(self, held: tuple[bytes, int, list[Place]]) -> None:
+        try:
+            self.llm.collective_rpc("asyncrlhf_load_round", args=held)
+        except Exception as err:  # the worker's refusal, its Reason in the message: nothing was loaded
+            raise refusal(err) from err
+        self._reset_prefix_cache()
+
     def _reset_prefix_cache(self) -> None:
         # Cached KV blocks were computed by the old weights. With sequences in flight (continuous mode) the
         # cache resets only when they re-compute (`recompute_inflight`); kept, they and any prompt sharing a
@@ -219,7 +257,7 @@ class VLLMBackend:
                                 top_k=sampling.top_k or -1, max_tokens=sampling.max_new_tokens, logprobs=0,
                                 seed=int(torch.randint(0, 2**62, ()).item()))
         outputs = self._run(prompts, params)
-        return [[self._completion(o) for o in request.outputs] for request in outputs]
+        return [[completion(o) for o in request.outputs] for request in outputs]
 
     def _run(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
         """The final output of each prompt: from the engine's own loop, or from the continuous loop's steps
@@ -232,12 +270,6 @@ class VLLMBackend:
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         return self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
 
-    @staticmethod
-    def _completion(output: Any) -> Completion:
-        ids = list(output.token_ids)
-        logps = [step[token].logprob for step, token in zip(output.logprobs, ids, strict=True)]
-        return Completion(ids, logps, "stop" if output.finish_reason == "stop" else "length")
-
     def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int) -> list[list[TokenScore]]:
         """vLLM's prompt log-probs of each sequence (one greedy token generated each, discarded: no random
         draw, and the sampling parameters do not reach prompt log-probs anyway)."""
@@ -248,17 +280,9 @@ class VLLMBackend:
         # several requests in one step fail (vllm-project/vllm#29955); one request per call computes them.
         batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
         outputs = [o for batch in batches for o in self._run(batch, params)]
-        return [[self._token_score(step, token, top_n)
+        return [[token_score(step, token, top_n)
                  for step, token in zip(o.prompt_logprobs[1:], seq[1:], strict=True)]
                 for o, seq in zip(outputs, sequences, strict=True)]
-
-    @staticmethod
-    def _token_score(step: Mapping[int, Any], token: int, top_n: int) -> TokenScore:
-        """One position's {id: Logprob} (the token's own entry, whatever its rank, and the top_n by rank) ->
-        (the token's log-prob, the top_n most likely first)."""
-        top = sorted((entry.rank, token_id, entry.logprob) for token_id, entry in step.items()
-                     if entry.rank <= top_n)
-        return step[token].logprob, [(token_id, logprob) for _, token_id, logprob in top]
 
     def _load_adapter(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Register the adapter in every worker from its tensors (`vllm_engine.register_lora`) in place of
@@ -293,6 +317,8 @@ class VLLMBackend:
         """Stop the engine, delete the work directory (push files), remove the handoff segment."""
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
+        if self.engine_member is not None:
+            self.engine_member.close()
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self._cleanup()

@@ -15,10 +15,12 @@
   arguments would reach the worker as undecoded msgpack objects, so only where they lie crosses the RPC: the
   manifest of the generator's shared-memory handoff (`asyncrlhf_reload_shared`, `weights.handoff`: the worker
   checks each tensor's XXH3-64 before loading any), or the path of a safetensors file
-  (`generator.vllm.handoff=file`). Unmerged LoRA adapters go the same three ways (`asyncrlhf_add_lora*`),
-  and each worker builds vLLM's `LoRAModel` from the tensors and registers it (`register_lora`): no adapter
-  directory. vLLM 0.32 also has a weight-transfer engine registry
-  (`WeightTransferEngineFactory.register_engine`, engines configured at engine start by
+  (`generator.vllm.handoff=file`). With the collective route the worker is the weight group's member itself
+  (`asyncrlhf_join_rounds`, `engine_member.WorkerRounds`): the learner's broadcast lands in the worker, which
+  verifies and loads it at the commit (`asyncrlhf_load_round`). Unmerged LoRA adapters go the same three
+  ways as a version whole (`asyncrlhf_add_lora*`), and each worker builds vLLM's `LoRAModel` from the
+  tensors and registers it (`register_lora`): no adapter directory. vLLM 0.32 also has a weight-transfer
+  engine registry (`WeightTransferEngineFactory.register_engine`, engines configured at engine start by
   `weight_transfer_config`); the worker extension is used instead because its RPC is one synchronous call
   whose failure the generator sees before it serves the version, which the receiver's commit needs.
 """
@@ -40,8 +42,10 @@ from asyncrlhf.model_sources import resolve_model_dir
 from asyncrlhf.models import load_policy, resolve_device, wrap_lora
 from asyncrlhf.weights import handoff
 from asyncrlhf.weights.codec import adapter_tensors
+from asyncrlhf.weights.engine_member import WorkerRounds, tagged
 from asyncrlhf.weights.handoff import Manifest
 from asyncrlhf.weights.shm_read import SegmentMaps
+from asyncrlhf.weights.vocabulary import PushRejected
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,23 @@ class WeightLoaderExtension:
         (`handoff.read` raises before anything is loaded otherwise)."""
         maps = self.__dict__.setdefault("_asyncrlhf_maps", SegmentMaps())  # kept across versions
         return self._asyncrlhf_load(handoff.read(manifest, maps))
+
+    def asyncrlhf_join_rounds(self, authkey: bytes) -> tuple[str, list[str]]:
+        """Take the collective route's rounds in this worker (`engine_member.WorkerRounds`): the address the
+        generator sends each round's slot to (authenticated by `authkey`), and the backends it offers."""
+        rounds = self.__dict__.get("_asyncrlhf_rounds")
+        if rounds is None:
+            rounds = self.__dict__["_asyncrlhf_rounds"] = WorkerRounds(str(self.device), authkey)  # type: ignore[attr-defined]
+        return rounds.address, list(rounds.backends)
+
+    def asyncrlhf_load_round(self, group: bytes, round_id: int, places: list) -> int:
+        """Load a round this worker received, once every tensor's bucket and bytes check (`WorkerRounds.take`
+        raises before anything is loaded otherwise; the refusal's `Reason` travels in the message)."""
+        try:
+            named = self.__dict__["_asyncrlhf_rounds"].take(group, round_id, [tuple(p) for p in places])
+        except PushRejected as err:
+            raise RuntimeError(tagged(err)) from None
+        return self._asyncrlhf_load(named)
 
     def _asyncrlhf_load(self, named: Mapping[str, torch.Tensor]) -> int:
         self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
@@ -179,6 +200,16 @@ def shared_handoff(cfg: Config) -> bool:
         raise RuntimeError("generator.vllm.handoff=shm needs a writable /dev/shm with open-file-description "
                            "locks on this host; set generator.vllm.handoff=auto (a file where there is none)")
     return choice == "shm" or (choice == "auto" and handoff.available())
+
+
+def worker_joins(cfg: Config) -> bool:
+    """Whether an engine out of this process takes the collective route's rounds in its worker
+    (`generator.vllm.collective_in_engine`): full-weight pushes (LoRA adapters are folded or registered in the
+    generator's process first), one worker (each member of a weight group is one rank), and a weight group
+    offered (`generator.collective`, never beside TLS)."""
+    g = cfg.generator
+    return (g.vllm.collective_in_engine and g.collective and not cfg.run.grpc_tls.serves_tls
+            and g.tensor_parallel_size == 1 and not cfg.learner.lora.enabled)
 
 
 def merges_lora(cfg: Config) -> bool:

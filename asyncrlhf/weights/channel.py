@@ -223,6 +223,9 @@ class IncomingTensor:
     def lend(self) -> InPlaceBytes | None:
         return None
 
+    def elsewhere(self) -> None:
+        return None
+
     def abort(self) -> None:
         self.incoming.abort()
 

@@ -18,6 +18,7 @@ import datetime
 import functools
 import threading
 from collections import OrderedDict
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -38,10 +39,32 @@ from asyncrlhf.weights.collective import (
     process_group,
     store_client,
 )
-from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.routes import InPlaceBytes, Payload
 from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 KEPT_GROUPS = 2
+
+
+class Round(Protocol):
+    """One round as a receiver reads it: its slot, and each tensor message's bytes."""
+
+    slot: pb.CollectiveSlot
+
+    def payload(self, header: pb.WeightChunk) -> Payload: ...
+
+    def close(self) -> None:
+        """The receiver reads no more."""
+
+
+class Member(Protocol):
+    """What a receiver joins rounds through: a `CollectiveMember` (this process receives the buckets) or an
+    `engine_member.EngineMember` (its inference engine's worker does)."""
+
+    backends: tuple[str, ...]
+
+    def round(self, slot: pb.CollectiveSlot) -> Round: ...
+
+    def close(self) -> None: ...
 
 
 class MemberGroup:
@@ -134,6 +157,9 @@ class MemberRound:
             self._cond.notify_all()
             return self._buckets[k]
 
+    def payload(self, header: pb.WeightChunk) -> InBucket:
+        return InBucket(self, header)
+
     def close(self) -> None:
         """The receiver reads no more: the rest of the round is drained."""
         with self._cond:
@@ -166,6 +192,9 @@ class InBucket:
     def lend(self) -> InPlaceBytes | None:
         return None
 
+    def elsewhere(self) -> None:
+        return None
+
     def abort(self) -> None:
         self.round.close()
 
@@ -176,14 +205,14 @@ class CollectiveSource:
 
     route = Route.COLLECTIVE
 
-    def __init__(self, member: CollectiveMember | None):
+    def __init__(self, member: Member | None):
         self.member = member
-        self.round: MemberRound | None = None
+        self.round: Round | None = None
 
     def claims(self, header: pb.WeightChunk) -> bool:
         return header.HasField("collective")
 
-    def payload(self, header: pb.WeightChunk, inline: memoryview) -> InBucket:
+    def payload(self, header: pb.WeightChunk, inline: memoryview) -> Payload:
         slot = header.collective
         if self.member is None:
             raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "this receiver joins no weight group (its "
@@ -192,7 +221,7 @@ class CollectiveSource:
             self.round = self.member.round(slot)
         elif (slot.group, slot.round) != (self.round.slot.group, self.round.slot.round):
             raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "a push's tensors are all in one round")
-        return InBucket(self.round, header)
+        return self.round.payload(header)
 
     def __enter__(self) -> CollectiveSource:
         return self

@@ -23,12 +23,12 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener, DataSource
 from asyncrlhf.weights.codec import FROM_WIRE, Snapshot, version_of
-from asyncrlhf.weights.collective_member import CollectiveMember, CollectiveSource
+from asyncrlhf.weights.collective_member import CollectiveSource, Member
 from asyncrlhf.weights.delta_receive import Bases, DeltaStaging
 from asyncrlhf.weights.leases import Buffers, Holds
 from asyncrlhf.weights.routes import Payload, Source
 from asyncrlhf.weights.shm_read import ShmSource
-from asyncrlhf.weights.staging import InPlace, Staging
+from asyncrlhf.weights.staging import Elsewhere, InPlace, Staging
 from asyncrlhf.weights.stream import StreamSource
 from asyncrlhf.weights.target import WeightTarget
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
@@ -43,6 +43,8 @@ class PushResult:
     snapshot: Snapshot
     bytes: int
     apply_seconds: float
+    tensor_count: int
+    relayable: bool = True  # False: the bytes went to an engine's worker (`engine_member.py`), not here
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,13 @@ def _payloads(messages: Iterable[tuple[pb.WeightChunk, memoryview]], sources: Se
 class WeightReceiver:
     """Stages pushes and applies each atomically on commit; pushes are handled one at a time. `data`: the
     data channel pushes may send their bytes over (`channel.DataListener`); `collective`: the weight groups
-    pushes may broadcast their bytes to (`collective_member.CollectiveMember`). Byte pushes are staged into
-    `Buffers` kept between pushes; same-host pushes are verified and adopted where they lie, the segment
-    leases kept by `Holds` for as long as a live tensor views them or a relay reads them."""
+    pushes may broadcast their bytes to (`collective_member.CollectiveMember`; `engine_member.EngineMember`
+    when an inference engine's worker receives them). Byte pushes are staged into `Buffers` kept between
+    pushes; same-host pushes are verified and adopted where they lie, the segment leases kept by `Holds` for
+    as long as a live tensor views them or a relay reads them."""
 
     def __init__(self, target: WeightTarget, version: PolicyVersion = NO_VERSION,
-                 data: DataListener | None = None, collective: CollectiveMember | None = None):
+                 data: DataListener | None = None, collective: Member | None = None):
         self.target, self.data, self.collective = target, data, collective
         self.order = VersionOrder(version)
         self.buffers = Buffers()
@@ -144,8 +147,8 @@ class WeightReceiver:
             self.buffers.renew()
         live = self.target.named_tensors()
         staged: dict[str, torch.Tensor] = {}
-        done: list[Staging | InPlace] = []
-        current: Staging | InPlace | None = None
+        done: list[Staging | InPlace | Elsewhere] = []
+        current: Staging | InPlace | Elsewhere | None = None
         version: PolicyVersion | None = None
         received = 0
         try:
@@ -173,7 +176,7 @@ class WeightReceiver:
         raise PushRejected(Reason.TRUNCATED, f"the stream ended before the commit message{where}")
 
     def _start(self, header: pb.WeightChunk, payload: Payload, live: Mapping[str, torch.Tensor],
-               staged: Mapping) -> Staging | InPlace:
+               staged: Mapping) -> Staging | InPlace | Elsewhere:
         name = header.name
         if name not in live:
             raise PushRejected(Reason.UNKNOWN_TENSOR, f"`{name}` is not a tensor of this model")
@@ -192,13 +195,15 @@ class WeightReceiver:
         if header.HasField("delta"):
             base = self.bases.base(header, wire, nbytes)
             return DeltaStaging(header, base, self.buffers.get(name, nbytes), self.buffers.worker)
+        if payload.elsewhere() is not None:
+            return Elsewhere(header, nbytes)
         lent = payload.lend()
         if lent is not None:
             return InPlace(header, nbytes, lent, self.buffers.worker)
         return Staging(header, self.buffers.get(name, nbytes), self.buffers.worker)
 
     def _commit(self, header: pb.WeightChunk, version: PolicyVersion, staged: dict[str, torch.Tensor],
-                received: int, done: list[Staging | InPlace], segments: ShmSource) -> PushResult:
+                received: int, done: list[Staging | InPlace | Elsewhere], segments: ShmSource) -> PushResult:
         if header.tensor_count != len(staged):
             raise PushRejected(Reason.TENSOR_COUNT,
                                f"commit says {header.tensor_count} tensors, received {len(staged)}")
@@ -210,8 +215,11 @@ class WeightReceiver:
                                "partial to update only some")
         start = time.perf_counter()
         replaced = self.target.apply_weights(staged, version, adopt=True) or {}
-        self.holds.rebind(replaced, done, segments, self.buffers)
-        self.bases.keep(version, header.keep_base, done, replaced, self.buffers)
+        here = [s for s in done if not isinstance(s, Elsewhere)]
+        self.holds.rebind(replaced, here, segments, self.buffers)
+        # bytes held elsewhere (an engine's worker) are neither a delta's base nor a relay's to forward
+        self.bases.keep(version, header.keep_base and len(here) == len(done), here, replaced, self.buffers)
         self.order.serve(version)
-        snapshot = Snapshot(version, tuple(s.wire() for s in done), header.partial)
-        return PushResult(snapshot, received, time.perf_counter() - start)
+        snapshot = Snapshot(version, tuple(s.wire() for s in here), header.partial)
+        return PushResult(snapshot, received, time.perf_counter() - start, len(done),
+                          relayable=len(here) == len(done))

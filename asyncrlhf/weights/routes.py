@@ -99,6 +99,10 @@ class Payload(Protocol):
     def lend(self) -> InPlaceBytes | None:
         """The bytes where they lie, to verify and adopt with no copy, or None: copy them."""
 
+    def elsewhere(self) -> object | None:
+        """Where the bytes stay, in another process that verifies them at the commit (an engine's worker:
+        `engine_member.EngineRound`), or None: they are here."""
+
     def abort(self) -> None:
         """The push is refused: stop a copy in progress."""
 

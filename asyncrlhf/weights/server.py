@@ -93,11 +93,16 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
             self._unwatch(asked)
             raise
         if asked and self.relay is not None:
-            self.relay.start(result, asked[0], self.receiver.release)
+            if result.relayable:
+                self.relay.start(result, asked[0], self.receiver.release)
+            else:
+                log.warning("push of version %d asks this server to relay it; its engine's worker holds the "
+                            "bytes (the learner pushes to them)", asked[0].version)
+                self._unwatch(asked)
         if self.health is not None:
             self.health.set("", _SERVING)  # a version is live: ready
         version = result.snapshot.version
-        return pb.PushReply(version=version.step, tensor_count=len(result.snapshot.tensors),
+        return pb.PushReply(version=version.step, tensor_count=result.tensor_count,
                             bytes=result.bytes, apply_seconds=result.apply_seconds, lineage=version.lineage)
 
     def _watch(self, messages: Iterator[tuple[pb.WeightChunk, memoryview]],

@@ -153,6 +153,9 @@ class Mapped:
     def lend(self) -> InPlaceBytes:
         return self.lent
 
+    def elsewhere(self) -> None:
+        return None
+
     def abort(self) -> None:
         """Nothing to stop: the bytes are in the segment."""
 

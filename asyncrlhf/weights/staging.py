@@ -125,3 +125,34 @@ class InPlace:
         self.wait()
         _verify(self.name, self.filled, self.nbytes, self.digest, self.checksum)
         return self.tensor()
+
+
+class Elsewhere:
+    """One tensor whose bytes stay where its route put them, in a process that verifies them at the commit (an
+    inference engine's worker: `engine_member.py`). The receiver checks its message as any other (name,
+    shape, dtype, offset, one message for the whole tensor) and stages a placeholder, a meta tensor of the
+    tensor's shape and dtype, which the target turns into the verified tensor or refuses. `Staging`'s
+    interface, but for `wire`: there are no bytes here to forward."""
+
+    def __init__(self, header: pb.WeightChunk, nbytes: int):
+        self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
+        self.nbytes, self.filled, self.added = nbytes, 0, False
+        self.lease: Lease | None = None
+
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        if self.added or payload.nbytes != self.nbytes or header.offset:
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: a tensor held elsewhere is one message "
+                                                  f"naming all its {self.nbytes} bytes")
+        payload.elsewhere()
+        self.filled, self.added = self.nbytes, True
+
+    def wait(self) -> None:
+        """Nothing to wait for: no bytes are copied here."""
+
+    def abort(self) -> None:
+        """Nothing to stop."""
+
+    def finish(self) -> torch.Tensor:
+        if not self.added:
+            raise PushRejected(Reason.TRUNCATED, f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")

@@ -182,6 +182,9 @@ class Inline:
     def lend(self) -> InPlaceBytes | None:
         return None
 
+    def elsewhere(self) -> None:
+        return None
+
     def abort(self) -> None:
         """Nothing to stop: the bytes are here."""
 

@@ -28,7 +28,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective import resolved
-from asyncrlhf.weights.collective_member import CollectiveMember
+from asyncrlhf.weights.collective_member import CollectiveMember, Member
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.server import serve
@@ -76,7 +76,7 @@ class WeightSyncServer:
     address: str  # host:port the learner dials
     relay: Relay  # forwards committed versions to other generators when a push asks (learner.relay_fanout)
     data: DataListener | None = None  # the data channel pushes' tensor bytes come on (generator.data_channel)
-    collective: CollectiveMember | None = None  # the weight groups it joins (generator.collective)
+    collective: Member | None = None  # the weight groups it joins (generator.collective)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.server.stop(grace_s).wait(grace_s + 1)
@@ -97,7 +97,9 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     data = DataListener(host, cfg.generator.data_port, tls=access.data_tls) if cfg.generator.data_channel \
         else None
     # gloo and NCCL carry no TLS: no weight group beside a TLS WeightSync
-    collective = CollectiveMember(resolved(cfg.generator.device)) \
+    # the engine's worker joins weight groups itself where it can (vLLM out of process), else this process
+    engine: Member | None = getattr(swap.backend, "engine_member", None)
+    collective = (engine or CollectiveMember(resolved(cfg.generator.device))) \
         if cfg.generator.collective and access.credentials is None else None
     # After a restart: no version until the learner pushes one.
     receiver = WeightReceiver(swap, NO_VERSION, data, collective)

@@ -2,7 +2,8 @@
 GPU default), through its shared-memory handoff: over every route, the engine serves the pushed model's
 log-probs, and no file is created or written per version (a watchdog observer on the cache directory, the
 engine's work directory within it, and on /dev/shm); bytes that change between the generator's check and
-the worker's load are refused by the worker, and the engine keeps serving the old version. Stepped
+the worker's load are refused by the worker, and the engine keeps serving the old version. Over the
+collective route the engine's worker joins the weight group itself and checks each bucket. Stepped
 continuously, the engine process's own account labels every token with the weights that sampled it, though
 it samples ahead of the loop that reads the tokens."""
 
@@ -22,13 +23,16 @@ from asyncrlhf.sampling.continuous import ContinuousSampler
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.shm import SHM_DIR
-from asyncrlhf.weights.vocabulary import Route
+from asyncrlhf.weights.stream import StreamSender
+from asyncrlhf.weights.vocabulary import Reason, Route
 from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, reference_logprobs, vllm_config
+from tests.integration.weights.routes import FlippingSender
 from tests.unit.generator.peaked import perturbed_state_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -188,3 +192,49 @@ def test_a_continuous_engine_process_labels_each_token_with_the_weights_that_sam
                 gap = (torch.tensor(sample.logprobs[lo:hi]) - expected).abs().max().item()
                 assert gap <= PARITY_ATOL, (version, lo, hi, gap)
     assert straddled, "no sample was sampled by both versions: lengthen the sampling"
+
+
+def test_the_engine_worker_joins_the_weight_group_and_serves_each_broadcast_version(engine):
+    # The collective route received by the engine process's worker itself: the buckets never pass through the
+    # generator's process, no file is made, the served log-probs move to the pushed model's, and a bucket
+    # changed after the learner hashed it is refused by the worker with the old version serving.
+    cfg, cache, backend, prompts = engine
+    member = backend.engine_member
+    assert member is not None and member.backends == ("gloo",)
+    server, port = serve(WeightReceiver(backend, collective=member))
+    target = PushTarget("vllm-engine-member", f"127.0.0.1:{port}")
+    learner = load_policy(cfg.model).eval()
+    writes = Writes()
+    observer = Observer()
+    observer.schedule(writes, str(cache), recursive=True)
+    observer.schedule(writes, str(SHM_DIR), recursive=False)
+    bucket = 64 << 10  # the tiny model (451 KiB) in several buckets
+    try:
+        with WeightPusher(route_senders=[CollectiveSender(bucket_bytes=bucket, timeout_s=60.0),
+                                         StreamSender(64 << 10)], timeout_s=120) as pusher:
+            observer.start()
+            for step in range(backend.version + 1, backend.version + 4):
+                weights = perturbed_state_dict(learner, seed=100 + step, scale=0.2)
+                before = backend.generate(prompts, 2, SAMPLING)
+                (outcome,) = pusher.push(weights, PolicyVersion(0, step), [target])
+                assert (outcome.status, outcome.route) == ("ok", Route.COLLECTIVE), outcome.detail
+                assert backend.version == step
+                learner.load_state_dict(weights)
+                assert max_gap(learner, prompts, before, SAMPLING) > 10 * PARITY_ATOL  # not yet served...
+                groups = backend.generate(prompts, 2, SAMPLING)
+                assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL  # ...and now served
+            served = backend.version
+            with WeightPusher(route_senders=[FlippingSender(bucket_bytes=bucket, timeout_s=60.0)],
+                              timeout_s=120) as flipping:
+                bad = perturbed_state_dict(learner, seed=7, scale=0.2)
+                (outcome,) = flipping.push(bad, PolicyVersion(0, served + 1), [target])
+            assert (outcome.status, outcome.reason) == ("rejected", Reason.BAD_CHECKSUM), outcome.detail
+            assert "bucket 1 as the worker received it" in outcome.detail
+    finally:
+        observer.stop()
+        observer.join()
+        server.stop(0)
+    assert writes.take() == []
+    assert backend.version == served
+    groups = backend.generate(prompts, 2, SAMPLING)
+    assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL

@@ -3,6 +3,7 @@ comparisons of exact state."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Collection, Mapping
 
@@ -12,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
-from asyncrlhf.weights.collective_member import CollectiveMember
+from asyncrlhf.weights.collective_member import CollectiveMember, Member
+from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds
 from asyncrlhf.weights.pusher import ALL_ROUTES, PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, relay_pusher
@@ -68,18 +70,49 @@ class Gated:
         return self.target.apply_weights(tensors, version, adopt=adopt)
 
 
+class EngineHeld:
+    """A `WeightTarget` whose collective rounds an inference engine's worker receives
+    (`engine_member.WorkerRounds`; here in this process, over its own socket, loading into the module as a
+    vLLM worker loads into its model)."""
+
+    def __init__(self, target):
+        key = secrets.token_bytes(16)
+        self.target, self.rounds = target, WorkerRounds("cpu", key)
+        self.member = EngineMember(self.rounds.address, key, self.rounds.backends)
+        self.taken = 0  # rounds loaded from the worker's staging
+
+    def named_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self.target.named_tensors()
+
+    def apply_weights(self, tensors, version, *, adopt=False):
+        held = self.member.held(tensors)
+        if held is None:
+            return self.target.apply_weights(tensors, version, adopt=adopt)
+        taken = self.rounds.take(*held)
+        self.taken += 1
+        return self.target.apply_weights(taken, version)  # copied: the stage is reused
+
+    def close(self) -> None:
+        self.member.close()
+        self.rounds.close()
+
+
 class Generator:
     """A receiver-side stand-in for the generator service: a live model behind a WeightSync server that
     relays when a push asks it to (with `relay`, else a relay of the run's token), with a data channel when
-    `data`, joining weight groups when `collective`."""
+    `data`, joining weight groups when `collective` (through an engine's worker, `EngineHeld`, when
+    `engine`)."""
 
     def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None, data: bool = True,
-                 relay: Relay | None = None, collective: bool = False):
+                 relay: Relay | None = None, collective: bool = False, engine: bool = False):
         self.model = tiny_model(seed)
         self.target = ModuleTarget(self.model, names)
-        self.gated = Gated(self.target)
+        self.engine = EngineHeld(self.target) if engine else None
+        self.gated = Gated(self.engine or self.target)
         self.data = DataListener() if data else None
-        self.collective = CollectiveMember() if collective else None
+        self.collective: Member | None = None
+        if collective:
+            self.collective = self.engine.member if self.engine is not None else CollectiveMember()
         self.receiver = WeightReceiver(self.gated, NO_VERSION, self.data, self.collective)
         self.relay = relay or Relay(relay_pusher(ClientAccess(token), CHUNK, 60.0))
         self.server, self.port = serve(self.receiver, access=ServerAccess(token), relay=self.relay)
@@ -94,6 +127,8 @@ class Generator:
             self.data.close()
         if self.collective is not None:
             self.collective.close()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def push(by: WeightPusher, state, step: int, gen: Generator, lineage: int = 0, **kw) -> PushOutcome:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
@@ -20,7 +21,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.channel import DataSender
 from asyncrlhf.weights.codec import Snapshot, decode_chunk, encode_chunk
-from asyncrlhf.weights.collective_sender import CollectiveSender
+from asyncrlhf.weights.collective_sender import CollectiveSender, CollectiveTransfer
 from asyncrlhf.weights.pusher import PushOutcome, RelayPlan, WeightPusher
 from asyncrlhf.weights.relay import Relay
 from asyncrlhf.weights.shm import ShmSender
@@ -89,16 +90,34 @@ def _sender(route: Route, access: ClientAccess):
     return DataSender(access, 30.0) if route == Route.DATA else StreamSender(CHUNK)
 
 
+class _Flipping(CollectiveTransfer):
+    """Packs one byte of bucket 1 wrong: after the learner hashed the bucket, before it is broadcast."""
+
+    def pack(self, bucket: int, out: np.ndarray) -> None:
+        super().pack(bucket, out)
+        if bucket == 1:
+            out[5] ^= 0xFF
+
+
+class FlippingSender(CollectiveSender):
+    """A collective sender whose rounds broadcast bucket 1 with a byte other than the one it hashed."""
+
+    def begin(self, push, targets):
+        self.round_lock.acquire()
+        return _Flipping(self, push, targets)
+
+
 class Direct:
     """The learner pushes over `route` (its generators offer a data channel only on `Route.DATA`, weight
-    groups only on `Route.COLLECTIVE`)."""
+    groups only on `Route.COLLECTIVE`: joined by an engine's worker when `engine`)."""
 
-    def __init__(self, route: Route):
-        self.route = route
+    def __init__(self, route: Route, engine: bool = False):
+        self.route, self.engine = route, engine
         self.last: Faulty | None = None
 
     def generator(self) -> Generator:
-        return Generator(data=self.route == Route.DATA, collective=self.route == Route.COLLECTIVE)
+        return Generator(data=self.route == Route.DATA, collective=self.route == Route.COLLECTIVE,
+                         engine=self.engine)
 
     def push(self, gen: Generator, push: Snapshot, fault: Fault | None = None,
              token: str | None = TOKEN) -> PushOutcome:

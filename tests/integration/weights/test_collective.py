@@ -1,6 +1,7 @@
 """The collective route (gloo) beyond the contract suite: several members in one broadcast, a generator that
 dies or joins between pushes (the group is rebuilt, the others never wait on it), a bucket whose bytes change
-after the learner hashed them, and a pusher that takes the route only where it is offered."""
+after the learner hashed them, and a pusher that takes the route only where it is offered; each with
+generators that receive the buckets themselves, and with some whose engine's worker does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 
 from asyncrlhf.config import load_config
@@ -16,7 +16,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.codec import Snapshot, prepare
 from asyncrlhf.weights.collective import here_key
-from asyncrlhf.weights.collective_sender import CollectiveSender, CollectiveTransfer
+from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
@@ -29,7 +29,7 @@ from tests.integration.weights.helpers import (
     snapshot,
     tiny_model,
 )
-from tests.integration.weights.routes import BUCKET
+from tests.integration.weights.routes import BUCKET, FlippingSender
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,11 @@ def collective_pusher(sender: CollectiveSender | None = None) -> WeightPusher:
                         route_senders=[sender, StreamSender(CHUNK)])
 
 
-@pytest.fixture
-def members():
-    gens = [Generator(seed=i, data=False, collective=True) for i in range(3)]
+@pytest.fixture(params=[False, True], ids=["generators", "engines-among-them"])
+def members(request):
+    """Three members of a group; with `engines-among-them` the first and last join through an inference
+    engine's worker (`EngineHeld`), the middle one itself: the learner cannot tell them apart."""
+    gens = [Generator(seed=i, data=False, collective=True, engine=request.param and i != 1) for i in range(3)]
     yield gens
     for gen in gens:
         gen.stop()
@@ -129,25 +131,10 @@ def test_a_generator_killed_in_a_round_fails_it_and_its_peers_get_the_version_by
         proc.join(10)
 
 
-class _Flipping(CollectiveTransfer):
-    """Packs one byte of bucket 1 wrong: after the learner hashed the bucket, before it is broadcast."""
-
-    def pack(self, bucket: int, out: np.ndarray) -> None:
-        super().pack(bucket, out)
-        if bucket == 1:
-            out[5] ^= 0xFF
-
-
-class _FlippingSender(CollectiveSender):
-    def begin(self, push, targets):
-        self.round_lock.acquire()
-        return _Flipping(self, push, targets)
-
-
 def test_a_bucket_changed_after_the_learner_hashed_it_is_refused_and_the_old_version_serves(members):
     gen = members[0]
     before = snapshot(gen.model)
-    with collective_pusher(_FlippingSender(bucket_bytes=BUCKET, timeout_s=20.0)) as pusher:
+    with collective_pusher(FlippingSender(bucket_bytes=BUCKET, timeout_s=20.0)) as pusher:
         (outcome,) = pusher.send(pushed(tiny_model(7), 1), [gen.target_id])
     assert (outcome.status, outcome.reason) == ("rejected", Reason.BAD_CHECKSUM), outcome.detail
     assert "bucket 1" in outcome.detail

@@ -1,6 +1,6 @@
 """The route contract: every route (shared memory, data channel, gRPC stream, relay, collective broadcast on
-gloo) refuses every faulty push for its `Reason`, keeps the old version serving bit for bit, and orders
-versions by lineage then step.
+gloo, received by the generator or by its inference engine's worker) refuses every faulty push for its
+`Reason`, keeps the old version serving bit for bit, and orders versions by lineage then step.
 
 The route is a fixture parameter (`routes.Direct`, `routes.Relayed`), each fault planted on the last hop's
 sender (`routes.Faulty`); the refusal is read where a pusher reads it, in the call's trailing metadata. A new
@@ -20,11 +20,16 @@ from tests.integration.weights.routes import FALLING_BACK, REFUSALS, SERVED, Dir
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=[Route.SHM, Route.DATA, Route.STREAM, Route.RELAY, Route.COLLECTIVE],
-                ids=lambda r: r.value)
+ENGINE = "collective-engine"  # the collective route received by an inference engine's worker
+
+
+@pytest.fixture(params=[Route.SHM, Route.DATA, Route.STREAM, Route.RELAY, Route.COLLECTIVE, ENGINE],
+                ids=lambda r: getattr(r, "value", r))
 def route(request):
     if request.param == Route.SHM and not shm_host():
         pytest.skip("no writable /dev/shm on this machine")
+    if request.param == ENGINE:
+        return Direct(Route.COLLECTIVE, engine=True)
     return Relayed() if request.param == Route.RELAY else Direct(request.param)
 
 
@@ -50,6 +55,8 @@ def test_a_push_lands_bit_exact_over_the_route(route, serving):
     assert same(snapshot(serving.model), snapshot(newer)) and serving.receiver.version == PolicyVersion(1, 2)
     if isinstance(route, Direct):
         assert outcome.route == route.route  # taken, not fallen back from
+    if serving.engine is not None:  # both versions verified and loaded by the worker, none staged here
+        assert serving.engine.taken == 2 and not serving.receiver.buffers.storages()
 
 
 @pytest.mark.parametrize("fault", REFUSALS, ids=lambda f: f.reason.value)

@@ -1,0 +1,294 @@
+"""The collective route (`Route.COLLECTIVE`) received by an inference engine's worker itself: the worker (a
+vLLM worker process, on its GPU) is the weight group's member, so a version goes from the learner to the
+engine in one broadcast, never through the generator's process.
+
+Two halves, one per process:
+
+- `WorkerRounds`, in the engine worker: it listens on a local socket (an abstract Unix socket, so no file;
+  authenticated by a key the generator gave when it started it) for the rounds the generator is pushed. For
+  each it joins the round with a `CollectiveMember` of its own (`collective_member.py`: the same group,
+  rendezvous and timeouts as a generator process), and copies every bucket as it is received into one
+  staging buffer of the whole version (`StagedRound`), keeping the XXH3-64 of each bucket computed on it as
+  received. At the commit, `take` checks each tensor's bucket checksum and the tensor's own XXH3-64 against
+  what the learner sent over gRPC, and only then hands back the tensors: the worker loads nothing it has
+  not verified, and a refused push leaves the old version serving.
+- `EngineMember`, in the generator, in place of a `CollectiveMember`: `round(slot)` sends the slot to the
+  worker and returns once the worker has said it is here. The receiver checks each tensor message as on
+  every route (name, shape, dtype, order, version, token) and stages a placeholder (`InEngine`); the
+  target's `apply_weights` then asks the worker to verify and load the round (`held`: what it asks for).
+
+The generator's receiver and the learner do not change: the learner sees one member per generator, and the
+gRPC control, version order, token and refusals are those of every route. A push refused by the generator
+before its commit still leaves the worker's round to drain (it receives every bucket whatever happens), so
+it never stalls the others. One worker per engine (tensor parallelism 1): each member of a group is one
+rank of the learner's broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import threading
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Client, Connection, Listener
+
+import numpy as np
+import torch
+import xxhash
+
+from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.weights.codec import FROM_WIRE, nbytes_of
+from asyncrlhf.weights.collective_member import CollectiveMember, MemberRound
+from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.vocabulary import PushRejected, Reason
+
+log = logging.getLogger(__name__)
+
+# (name, wire dtype, shape, bucket, offset in the bucket, tensor XXH3-64, bucket XXH3-64): one tensor of a
+# round as the learner described it over gRPC; plain values, so it crosses vLLM's RPC as it is
+Place = tuple[str, int, tuple[int, ...], int, int, int, int]
+# A worker's refusal travels as text (vLLM's RPC re-raises a worker's error as its message): tagged with the
+# `Reason`, which the generator reads back (`refusal`)
+_TAG = re.compile(r"\[asyncrlhf-reason=([a-z_]+)\]")
+TAKE_MARGIN_S = 5.0  # the worker waits for a round's last bucket this long beyond the group's timeout
+
+
+def tagged(err: PushRejected) -> str:
+    return f"[asyncrlhf-reason={err.reason.value}] {_message(err)}"
+
+
+def _message(err: PushRejected) -> str:
+    return str(err).removeprefix(f"{err.reason.value}: ")
+
+
+def refusal(err: BaseException) -> PushRejected:
+    """A worker's error, as it reached the generator, as the refusal it was (`collective_unavailable` when it
+    names none: the worker failed)."""
+    found = _TAG.search(str(err))
+    reason = Reason(found.group(1)) if found else Reason.COLLECTIVE_UNAVAILABLE
+    return PushRejected(reason, f"the engine's worker refused the round: {err}")
+
+
+class StagedRound:
+    """Every bucket of one round, copied as received into `stage` (the whole version), on a thread of its own
+    (after the round before it: they share the buffer)."""
+
+    def __init__(self, round_: MemberRound, stage: np.ndarray, previous: StagedRound | None):
+        self.round, self.stage = round_, stage
+        sizes = round_.sizes
+        self.starts = tuple(int(s) for s in np.cumsum((0, *sizes[:-1]))) if sizes else ()
+        self.checksums: list[int] = []
+        self.error: PushRejected | None = None
+        self._previous = previous
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="weight-engine-round", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            if self._previous is not None:
+                self._previous.wait()
+                self._previous = None
+            for k, start in enumerate(self.starts):
+                held, checksum = self.round.bucket(k)
+                self.stage[start:start + held.size] = held
+                self.checksums.append(checksum)
+        except PushRejected as err:
+            self.error = err
+        finally:
+            self.round.close()
+            self._done.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)
+
+    def tensors(self, places: Sequence[Place]) -> dict[str, torch.Tensor]:
+        """The round's tensors, each checked (its bucket's XXH3-64 as received, then its own), as views of
+        the staging buffer; raises `PushRejected` before returning any."""
+        timeout = self.round.group.timeout_s + TAKE_MARGIN_S
+        if not self.wait(timeout):
+            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, f"round {self.round.slot.round}: the buckets "
+                                                              f"did not all arrive within {timeout:.0f} s")
+        if self.error is not None:
+            raise self.error
+        out: dict[str, torch.Tensor] = {}
+        for name, dtype, shape, k, offset, checksum, bucket_checksum in places:
+            wire = FROM_WIRE.get(dtype)  # type: ignore[call-overload]  # an int, off the RPC
+            if wire is None or k >= len(self.starts):
+                raise PushRejected(Reason.BAD_OFFSET, f"`{name}`: bucket {k} or dtype {dtype} is not the "
+                                                      "round's")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
+            if offset + nbytes > self.round.sizes[k]:
+                raise PushRejected(Reason.BAD_OFFSET, f"`{name}`: {nbytes} bytes at {offset} of bucket {k} "
+                                                      "lie outside it")
+            if self.checksums[k] != bucket_checksum:
+                raise PushRejected(Reason.BAD_CHECKSUM,
+                                   f"`{name}`: bucket {k} as the worker received it has XXH3-64 "
+                                   f"{self.checksums[k]:#018x}, the learner packed {bucket_checksum:#018x}")
+            data = self.stage[self.starts[k] + offset:self.starts[k] + offset + nbytes]
+            got = xxhash.xxh3_64_intdigest(memoryview(data))  # type: ignore[arg-type]
+            if got != checksum:
+                raise PushRejected(Reason.BAD_CHECKSUM, f"`{name}`: XXH3-64 {got:#018x} in the worker, "
+                                                        f"expected {checksum:#018x}")
+            out[name] = torch.from_numpy(data).view(wire).reshape(shape) if nbytes else \
+                torch.empty(shape, dtype=wire)
+        return out
+
+
+class WorkerRounds:
+    """The engine worker's half (see the module): serves the generator's round requests on `address`."""
+
+    def __init__(self, device: str, authkey: bytes):
+        self.member = CollectiveMember(device)
+        self.address = f"\0asyncrlhf-rounds-{os.getpid()}-{secrets.token_hex(8)}"  # abstract: no file
+        self._listener = Listener(self.address, family="AF_UNIX", authkey=authkey)
+        self._rounds: dict[tuple[bytes, int], StagedRound] = {}
+        self._last: StagedRound | None = None
+        self._stage = np.empty(0, dtype=np.uint8)
+        self._lock = threading.Lock()
+        threading.Thread(target=self._serve, name="weight-engine-rounds", daemon=True).start()
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return self.member.backends
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+            except OSError:  # closed
+                return
+            except Exception:  # a client without the key: refused, the next one is served
+                log.warning("a connection to the engine's weight rounds was refused (wrong key)")
+                continue
+            threading.Thread(target=self._answer, args=(conn,), name="weight-engine-rounds-conn",
+                             daemon=True).start()
+
+    def _answer(self, conn: Connection) -> None:
+        with conn:
+            while True:
+                try:
+                    message = conn.recv_bytes()
+                except (EOFError, OSError):
+                    return
+                slot = pb.CollectiveSlot.FromString(message)
+                try:
+                    self.join(slot)
+                    conn.send(("", ""))
+                except PushRejected as err:
+                    conn.send((err.reason.value, _message(err)))
+
+    def join(self, slot: pb.CollectiveSlot) -> None:
+        """Take part in the round `slot` names, staging its buckets (raises `PushRejected`: not joined)."""
+        round_ = self.member.round(slot)
+        total = sum(slot.bucket_bytes)
+        with self._lock:
+            if self._last is not None and self._stage.size < total:
+                self._last.wait()  # the buffer grows: the round before must be done with the old one
+            if self._stage.size < total:
+                self._stage = np.empty(total, dtype=np.uint8)
+            self._last = StagedRound(round_, self._stage, self._last)
+            self._rounds = {key: r for key, r in self._rounds.items() if r is self._last}  # the last only
+            self._rounds[(slot.group, slot.round)] = self._last
+
+    def take(self, group: bytes, round_id: int, places: Sequence[Place]) -> dict[str, torch.Tensor]:
+        """The verified tensors of a round this worker joined (views of the staging buffer, valid until the
+        next round is joined); raises `PushRejected`."""
+        with self._lock:
+            staged = self._rounds.get((group, round_id))
+        if staged is None:
+            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE,
+                               f"round {round_id} is not one this worker joined (it keeps only the last one)")
+        return staged.tensors(places)
+
+    def close(self) -> None:
+        self._listener.close()
+        self.member.close()
+
+
+class InEngine:
+    """One tensor's bytes as the engine's worker received them (a `Payload` whose bytes stay there)."""
+
+    def __init__(self, round_: EngineRound, header: pb.WeightChunk):
+        self.round, self.header = round_, header
+        self.nbytes = nbytes_of(header)
+
+    def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> int | None:
+        raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "the engine's worker holds this tensor's bytes")
+
+    def lend(self) -> InPlaceBytes | None:
+        return None
+
+    def elsewhere(self) -> EngineRound:
+        self.round.describe(self.header)
+        return self.round
+
+    def abort(self) -> None:
+        """Nothing to stop: the worker receives the round whatever this push does."""
+
+
+class EngineRound:
+    """A round as the generator sees it when its engine's worker receives the bytes: the tensors' places."""
+
+    def __init__(self, slot: pb.CollectiveSlot):
+        self.slot = slot
+        self.places: dict[str, Place] = {}
+
+    def payload(self, header: pb.WeightChunk) -> InEngine:
+        return InEngine(self, header)
+
+    def describe(self, header: pb.WeightChunk) -> None:
+        where = header.collective
+        self.places[header.name] = (header.name, header.dtype, tuple(header.shape), where.bucket,
+                                    where.bucket_offset, header.checksum, where.bucket_checksum)
+
+    def close(self) -> None:
+        """Nothing to drain here: the worker stages every bucket."""
+
+
+class EngineMember:
+    """The generator's half (see the module), a `CollectiveMember` to its receiver: it joins each round
+    through the worker at `address` (`WorkerRounds`), which offers `backends`."""
+
+    def __init__(self, address: str, authkey: bytes, backends: Sequence[str]):
+        self.address, self.backends = address, tuple(backends)
+        self._authkey = authkey
+        self._conn: Connection | None = None
+        self._last: EngineRound | None = None
+        self._lock = threading.Lock()
+
+    def round(self, slot: pb.CollectiveSlot) -> EngineRound:
+        if slot.backend not in self.backends:
+            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, f"backend {slot.backend!r} is not one the "
+                                                              f"engine offers ({', '.join(self.backends)})")
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = Client(self.address, family="AF_UNIX", authkey=self._authkey)
+                self._conn.send_bytes(slot.SerializeToString())
+                reason, detail = self._conn.recv()
+            except (OSError, EOFError) as err:
+                self._conn = None
+                raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, f"the engine's worker cannot be reached "
+                                                                  f"for the round: {err}") from err
+            if reason:
+                raise PushRejected(Reason(reason), detail)
+            self._last = EngineRound(slot)
+            return self._last
+
+    def held(self, tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, int, list[Place]] | None:
+        """What to ask the worker for when `tensors` are the staged placeholders of the last round (meta
+        tensors, `InEngine`): (group, round, places), else None (the bytes are here)."""
+        if not tensors or not all(t.is_meta for t in tensors.values()):
+            return None
+        last = self._last
+        if last is None or set(tensors) - set(last.places):
+            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "the staged tensors are not the last round's")
+        return last.slot.group, last.slot.round, [last.places[name] for name in tensors]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
