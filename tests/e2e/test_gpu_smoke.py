@@ -37,6 +37,7 @@ def test_the_cpu_form_passes_and_says_what_it_skipped(tmp_path):
         assert steps[name]["status"] == "skip" and "needs CUDA" in steps[name]["reason"]
     collective = steps["push-collective"]  # gloo on CPU; the engine serves the pushed weights, not the old
     assert collective["status"] == "pass" and collective["route"] == "collective", collective
+    assert collective["handoff"] == "engine worker joined"  # received by the engine's worker itself
     assert collective["backend"] == "gloo" and float(collective["gap"]) <= 1e-3
     assert float(collective["gap_to_previous"]) > 1e-2
     assert steps["push-lora"]["status"] == "skip"

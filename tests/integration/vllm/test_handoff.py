@@ -21,6 +21,7 @@ from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.continuous import ContinuousSampler
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
+from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_sender import CollectiveSender
@@ -31,6 +32,8 @@ from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.shm import SHM_DIR
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
+from services.generator.metrics import GeneratorMetrics
+from services.generator.server import WeightSwap, start_weight_sync
 from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, reference_logprobs, vllm_config
 from tests.integration.weights.routes import FlippingSender
 from tests.unit.generator.peaked import perturbed_state_dict
@@ -238,3 +241,20 @@ def test_the_engine_worker_joins_the_weight_group_and_serves_each_broadcast_vers
     assert backend.version == served
     groups = backend.generate(prompts, 2, SAMPLING)
     assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL
+
+
+def test_the_generator_service_offers_its_engine_workers_weight_group(engine):
+    # `start_weight_sync` (the generator service) joins weight groups through the engine's worker, and a
+    # learner configured with the collective route broadcasts to it
+    cfg, _, backend, _ = engine
+    cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"collective": True})})
+    server = start_weight_sync(cfg, WeightSwap(backend, BackendGate(), GeneratorMetrics("gen-vllm")))
+    target = PushTarget("gen-vllm", server.address)
+    try:
+        assert server.collective is backend.engine_member
+        weights = perturbed_state_dict(load_policy(cfg.model).eval(), seed=55, scale=0.2)
+        with WeightPusher.from_config(cfg, routes=(Route.STREAM,)) as pusher:
+            (outcome,) = pusher.push(weights, PolicyVersion(0, backend.version + 1), [target])
+        assert (outcome.status, outcome.route) == ("ok", Route.COLLECTIVE), outcome.detail
+    finally:
+        server.stop()
