@@ -32,6 +32,7 @@ import re
 import secrets
 import threading
 from collections.abc import Mapping, Sequence
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 
 import numpy as np
@@ -268,7 +269,7 @@ class EngineMember:
                     self._conn = Client(self.address, family="AF_UNIX", authkey=self._authkey)
                 self._conn.send_bytes(slot.SerializeToString())
                 reason, detail = self._conn.recv()
-            except (OSError, EOFError) as err:
+            except (OSError, EOFError, AuthenticationError) as err:
                 self._conn = None
                 raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, f"the engine's worker cannot be reached "
                                                                   f"for the round: {err}") from err
@@ -280,8 +281,12 @@ class EngineMember:
     def held(self, tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, int, list[Place]] | None:
         """What to ask the worker for when `tensors` are the staged placeholders of the last round (meta
         tensors, `InEngine`): (group, round, places), else None (the bytes are here)."""
-        if not tensors or not all(t.is_meta for t in tensors.values()):
+        held = [t.is_meta for t in tensors.values()]
+        if not any(held):
             return None
+        if not all(held):
+            raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "a push's tensors come all by the collective "
+                                                              "route or none by it")
         last = self._last
         if last is None or set(tensors) - set(last.places):
             raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "the staged tensors are not the last round's")
