@@ -66,11 +66,13 @@ def _timed_push(pusher: WeightPusher, weights: dict[str, torch.Tensor], step: in
     return seconds
 
 
-def compare(cfg: Config, repeats: int) -> dict[str, Any]:
+def compare(cfg: Config, repeats: int, engine: Any = None) -> dict[str, Any]:
+    """Time every path into `engine` (a `VLLMBackend` out of process, left running), else into one started
+    from `cfg` (and stopped)."""
     from asyncrlhf.sampling.vllm import VLLMBackend
 
     cfg = engine_config(cfg)
-    backend = VLLMBackend.from_config(cfg, load_tokenizer(cfg.model))
+    backend = engine or VLLMBackend.from_config(cfg, load_tokenizer(cfg.model))
     shared = backend.handoff
     if shared is None or backend.engine_member is None:
         raise RuntimeError("the engine runs in this process, has no shared-memory handoff, or its worker "
@@ -88,7 +90,7 @@ def compare(cfg: Config, repeats: int) -> dict[str, Any]:
         with WeightPusher(access, dtype=cfg.learner.push_dtype, timeout_s=timeout_s) as pusher, \
                 WeightPusher(access, dtype=cfg.learner.push_dtype, timeout_s=timeout_s,
                              route_senders=[collective]) as broadcaster:
-            step = 0
+            step = backend.version  # versions go forward from what the engine serves
             for r in range(repeats + 1):
                 order: list[tuple[str, Handoff | None, WeightPusher]] = [
                     ("shm", shared, pusher), ("file", None, pusher), ("collective", None, broadcaster)]
@@ -101,7 +103,8 @@ def compare(cfg: Config, repeats: int) -> dict[str, Any]:
     finally:
         backend.handoff = shared
         server.stop(0)
-        backend.close()
+        if engine is None:
+            backend.close()
     shm_s, file_s = statistics.median(times["shm"][1:]), statistics.median(times["file"][1:])
     collective_s = statistics.median(times["collective"][1:])
     wire = {name: (t.to(PUSH_DTYPES[cfg.learner.push_dtype]) if t.is_floating_point() else t).clone()

@@ -17,6 +17,7 @@ import torch
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from asyncrlhf.bench.enginepush import compare, report
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.continuous import ContinuousSampler
@@ -258,3 +259,15 @@ def test_the_generator_service_offers_its_engine_workers_weight_group(engine):
         assert (outcome.status, outcome.route) == ("ok", Route.COLLECTIVE), outcome.detail
     finally:
         server.stop()
+
+
+def test_the_push_bench_times_every_path_into_the_engine_process(engine):
+    # `asyncrlhf bench generator --push` on this engine: the handoff, a file and the collective route
+    # received by the worker, each push committed (the bench raises otherwise), each figure reported
+    cfg, _, backend, _ = engine
+    result = compare(cfg, repeats=1, engine=backend)
+    assert {mode: len(t) for mode, t in result["times"].items()} == {"shm": 2, "file": 2, "collective": 2}
+    assert all(s > 0 for t in result["times"].values() for s in t)
+    assert result["collective_ratio"] == result["collective_step_to_serve_s"] / result["file_step_to_serve_s"]
+    assert any("collective, received by the engine's worker" in line for line in report(result))
+    assert backend.handoff is not None and not list(backend.work_dir.iterdir())  # restored, no file left
