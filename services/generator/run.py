@@ -22,6 +22,7 @@ from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
+from asyncrlhf.weights.engine_member import EngineMember
 from services.generator.continuous import ContinuousLoop
 from services.generator.continuous_episodes import ContinuousEpisodeLoop
 from services.generator.episodes import EpisodeLoop
@@ -53,6 +54,15 @@ def effective_mode(cfg: Config, backend: Backend) -> str:
         return "continuous"
     log.warning(HF_BATCH_ONLY)
     return "batch"
+
+
+def weight_groups(server: WeightSyncServer) -> str:
+    """Who takes part in the learner's weight groups for this generator, as the start-up line says it."""
+    member = server.collective
+    if member is None:
+        return "no weight group (generator.collective off, or TLS)"
+    who = "the engine's worker" if isinstance(member, EngineMember) else "this process"
+    return f"weight groups joined by {who} ({', '.join(member.backends)})"
 
 
 class GeneratorService:
@@ -102,8 +112,9 @@ class GeneratorService:
         app = make_http_app(self.cfg, self.metrics, self.backend, self.api_gate, self.tokenizer, self.id,
                             self.ready)
         self.http = HttpServer(app, self.cfg.generator.http_host, self.cfg.generator.http_port).start()
-        log.info("generator %s (%s mode): WeightSync on %s, HTTP on %s; waiting for the first weight push",
-                 self.id, self.mode, self.weight_sync.address, self.http.url)
+        log.info("generator %s (%s mode): WeightSync on %s, HTTP on %s, %s; waiting for the first weight "
+                 "push", self.id, self.mode, self.weight_sync.address, self.http.url,
+                 weight_groups(self.weight_sync))
         return self
 
     def run(self, stop: threading.Event) -> None:

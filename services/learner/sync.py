@@ -34,7 +34,7 @@ from asyncrlhf.training import engine
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.relay import TreePush
-from asyncrlhf.weights.vocabulary import Reason
+from asyncrlhf.weights.vocabulary import Reason, Route
 from services.learner.metrics import LearnerMetrics
 
 log = logging.getLogger("asyncrlhf.learner")
@@ -58,6 +58,7 @@ class WeightPublisher:
         self.lineage = 0  # this learner start's lineage: pushed with every version
         self._weights: dict[str, torch.Tensor] | None = None
         self._pushed: dict[str, tuple[int, float]] = {}  # generator id -> (version pushed, when)
+        self._routes: dict[str, Route] = {}  # generator id -> the route its last version came by
         self._last_sync = 0.0
         self._failures: dict[str, int] = {}  # generator id -> failed pushes in a row
         self._failing_since: dict[str, float] = {}  # generator id -> time.monotonic() of the first of them
@@ -170,6 +171,10 @@ class WeightPublisher:
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
                 if outcome.route is not None:  # always, when ok
                     self.metrics.pushes.labels(outcome.route.value).inc()
+                    if self._routes.get(target) != outcome.route:
+                        self._routes[target] = outcome.route
+                        log.info("versions reach %s over the %s route from version %d", target,
+                                 outcome.route.value, self.version)
                 if not outcome.relayed_by:  # the learner's own upload
                     self.metrics.pushed_versions.labels(outcome.encoding).inc()
                     self.metrics.pushed_bytes.labels(outcome.encoding).inc(outcome.bytes)

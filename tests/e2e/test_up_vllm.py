@@ -1,7 +1,10 @@
 """`asyncrlhf up configs/tiny.yaml generator.backend=vllm` on vLLM's CPU build: trains to its total steps,
-the generator's version follows the learner's, and the audit accounts for every group."""
+the generator's version follows the learner's, and the audit accounts for every group; in batch mode as on a
+GPU node (the engine in a process of its own, each version broadcast into its worker), in continuous mode
+with the engine in the generator's process (the CPU default)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -13,10 +16,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
 def test_up_with_the_vllm_generator_trains_with_a_clean_audit(tmp_path):
+    # the GPU node's shape: the engine in a process of its own, its worker in the learner's weight group
     code, out = finish(up(tmp_path, "generator.backend=vllm", "model.tiny.heads=2",
-                          f"model.cache_dir={tmp_path}/cache", "learner.total_steps=4"), timeout=900)
+                          f"model.cache_dir={tmp_path}/cache", "learner.total_steps=4",
+                          "generator.vllm.engine_in_process=false", "learner.collective=true"), timeout=900)
     assert code == 0, out[-4000:]
     run = tmp_path / "run"
+    generator_log = (run / "logs" / "generator-0.log").read_text(errors="replace")
+    assert "weight groups joined by the engine's worker (gloo)" in generator_log
+    learner_log = (run / "logs" / "learner.log").read_text(errors="replace")
+    assert re.search(r"versions reach \S+ over the collective route from version 1\n", learner_log), \
+        learner_log[-3000:]
+    assert "over the stream route" not in learner_log  # never fell back
     summary = json.loads((run / "up_summary.json").read_text())
     assert summary["learner_version"] == 5  # 4 steps: version = steps + 1
     assert list(summary["generator_versions"].values()) == [5], summary["generator_versions"]
@@ -29,7 +40,6 @@ def test_up_with_the_vllm_generator_trains_with_a_clean_audit(tmp_path):
 def test_up_in_continuous_mode_trains_answers_the_api_meanwhile_and_audits_clean(tmp_path):
     """generator.mode=continuous end to end: groups leave the engine one by one with per-token versions, the
     run trains to its total steps with a clean audit, and the OpenAI API is answered while it trains."""
-    import re
     import threading
     import time
 
