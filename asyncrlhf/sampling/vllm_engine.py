@@ -73,10 +73,13 @@ class WeightLoaderExtension:
 
     def asyncrlhf_join_rounds(self, authkey: bytes) -> tuple[str, list[str]]:
         """Take the collective route's rounds in this worker (`engine_member.WorkerRounds`): the address the
-        generator sends each round's slot to (authenticated by `authkey`), and the backends it offers."""
-        rounds = self.__dict__.get("_asyncrlhf_rounds")
-        if rounds is None:
-            rounds = self.__dict__["_asyncrlhf_rounds"] = WorkerRounds(str(self.device), authkey)  # type: ignore[attr-defined]
+        generator sends each round's slot to (authenticated by `authkey`), and the backends it offers. Asked
+        again, it starts anew with the new key."""
+        old = self.__dict__.get("_asyncrlhf_rounds")
+        if old is not None:
+            old.close()
+        device = str(self.device)  # type: ignore[attr-defined]
+        rounds = self.__dict__["_asyncrlhf_rounds"] = WorkerRounds(device, authkey)
         return rounds.address, list(rounds.backends)
 
     def asyncrlhf_load_round(self, group: bytes, round_id: int, places: list) -> int:

@@ -14,8 +14,9 @@ Two halves, one per process:
   not verified, and a refused push leaves the old version serving.
 - `EngineMember`, in the generator, in place of a `CollectiveMember`: `round(slot)` sends the slot to the
   worker and returns once the worker has said it is here. The receiver checks each tensor message as on
-  every route (name, shape, dtype, order, version, token) and stages a placeholder (`InEngine`); the
-  target's `apply_weights` then asks the worker to verify and load the round (`held`: what it asks for).
+  every route (name, shape, dtype, order, version, token) and stages a placeholder (`staging.Elsewhere`,
+  describing each tensor to the round); the target's `apply_weights` then asks the worker to verify and
+  load the round (`held`: what it asks for).
 
 The generator's receiver and the learner do not change: the learner sees one member per generator, and the
 gRPC control, version order, token and refusals are those of every route. A push refused by the generator
@@ -144,8 +145,7 @@ class WorkerRounds:
         self.member = CollectiveMember(device)
         self.address = f"\0asyncrlhf-rounds-{os.getpid()}-{secrets.token_hex(8)}"  # abstract: no file
         self._listener = Listener(self.address, family="AF_UNIX", authkey=authkey)
-        self._rounds: dict[tuple[bytes, int], StagedRound] = {}
-        self._last: StagedRound | None = None
+        self._last: StagedRound | None = None  # the round joined last: the only one a commit may take
         self._stage = np.empty(0, dtype=np.uint8)
         self._lock = threading.Lock()
         threading.Thread(target=self._serve, name="weight-engine-rounds", daemon=True).start()
@@ -190,15 +190,13 @@ class WorkerRounds:
             if self._stage.size < total:
                 self._stage = np.empty(total, dtype=np.uint8)
             self._last = StagedRound(round_, self._stage, self._last)
-            self._rounds = {key: r for key, r in self._rounds.items() if r is self._last}  # the last only
-            self._rounds[(slot.group, slot.round)] = self._last
 
     def take(self, group: bytes, round_id: int, places: Sequence[Place]) -> dict[str, torch.Tensor]:
         """The verified tensors of a round this worker joined (views of the staging buffer, valid until the
         next round is joined); raises `PushRejected`."""
         with self._lock:
-            staged = self._rounds.get((group, round_id))
-        if staged is None:
+            staged = self._last
+        if staged is None or (staged.round.slot.group, staged.round.slot.round) != (group, round_id):
             raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE,
                                f"round {round_id} is not one this worker joined (it keeps only the last one)")
         return staged.tensors(places)
@@ -212,8 +210,7 @@ class InEngine:
     """One tensor's bytes as the engine's worker received them (a `Payload` whose bytes stay there)."""
 
     def __init__(self, round_: EngineRound, header: pb.WeightChunk):
-        self.round, self.header = round_, header
-        self.nbytes = nbytes_of(header)
+        self.round, self.nbytes = round_, nbytes_of(header)
 
     def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> int | None:
         raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "the engine's worker holds this tensor's bytes")
@@ -222,7 +219,6 @@ class InEngine:
         return None
 
     def elsewhere(self) -> EngineRound:
-        self.round.describe(self.header)
         return self.round
 
     def abort(self) -> None:

@@ -44,7 +44,11 @@ class PushResult:
     bytes: int
     apply_seconds: float
     tensor_count: int
-    relayable: bool = True  # False: the bytes went to an engine's worker (`engine_member.py`), not here
+
+    @property
+    def relayable(self) -> bool:
+        """Whether every tensor's bytes are here to forward (none in an engine's worker: `engine_member`)."""
+        return len(self.snapshot.tensors) == self.tensor_count
 
 
 @dataclass(frozen=True)
@@ -195,8 +199,9 @@ class WeightReceiver:
         if header.HasField("delta"):
             base = self.bases.base(header, wire, nbytes)
             return DeltaStaging(header, base, self.buffers.get(name, nbytes), self.buffers.worker)
-        if payload.elsewhere() is not None:
-            return Elsewhere(header, nbytes)
+        holder = payload.elsewhere()
+        if holder is not None:
+            return Elsewhere(header, nbytes, holder)
         lent = payload.lend()
         if lent is not None:
             return InPlace(header, nbytes, lent, self.buffers.worker)
@@ -221,5 +226,4 @@ class WeightReceiver:
         self.bases.keep(version, header.keep_base and len(here) == len(done), here, replaced, self.buffers)
         self.order.serve(version)
         snapshot = Snapshot(version, tuple(s.wire() for s in here), header.partial)
-        return PushResult(snapshot, received, time.perf_counter() - start, len(done),
-                          relayable=len(here) == len(done))
+        return PushResult(snapshot, received, time.perf_counter() - start, len(done))

@@ -87,6 +87,13 @@ class InPlaceBytes:
     lease: Lease
 
 
+class Holder(Protocol):
+    """Another process that holds a push's bytes and verifies them at the commit: the receiver describes each
+    tensor to it as the tensor's message passes the receiver's checks."""
+
+    def describe(self, header: pb.WeightChunk) -> None: ...
+
+
 class Payload(Protocol):
     """The bytes of one tensor message, wherever its route put them."""
 
@@ -99,7 +106,7 @@ class Payload(Protocol):
     def lend(self) -> InPlaceBytes | None:
         """The bytes where they lie, to verify and adopt with no copy, or None: copy them."""
 
-    def elsewhere(self) -> object | None:
+    def elsewhere(self) -> Holder | None:
         """Where the bytes stay, in another process that verifies them at the commit (an engine's worker:
         `engine_member.EngineRound`), or None: they are here."""
 

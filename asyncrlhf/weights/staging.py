@@ -12,7 +12,7 @@ import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor
-from asyncrlhf.weights.routes import InPlaceBytes, Lease, Payload
+from asyncrlhf.weights.routes import Holder, InPlaceBytes, Lease, Payload
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 
@@ -134,17 +134,16 @@ class Elsewhere:
     tensor's shape and dtype, which the target turns into the verified tensor or refuses. `Staging`'s
     interface, but for `wire`: there are no bytes here to forward."""
 
-    def __init__(self, header: pb.WeightChunk, nbytes: int):
+    def __init__(self, header: pb.WeightChunk, nbytes: int, holder: Holder):
         self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
-        self.nbytes, self.filled, self.added = nbytes, 0, False
-        self.lease: Lease | None = None
+        self.nbytes, self.holder, self.added = nbytes, holder, False
 
     def add(self, header: pb.WeightChunk, payload: Payload) -> None:
         if self.added or payload.nbytes != self.nbytes or header.offset:
             raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: a tensor held elsewhere is one message "
                                                   f"naming all its {self.nbytes} bytes")
-        payload.elsewhere()
-        self.filled, self.added = self.nbytes, True
+        self.holder.describe(header)
+        self.added = True
 
     def wait(self) -> None:
         """Nothing to wait for: no bytes are copied here."""
@@ -154,5 +153,5 @@ class Elsewhere:
 
     def finish(self) -> torch.Tensor:
         if not self.added:
-            raise PushRejected(Reason.TRUNCATED, f"`{self.name}`: got {self.filled} of {self.nbytes} bytes")
+            raise PushRejected(Reason.TRUNCATED, f"`{self.name}`: got none of its {self.nbytes} bytes")
         return torch.empty(self.shape, dtype=self.dtype, device="meta")
