@@ -128,10 +128,8 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
 
 
 class Launcher:
-    def __init__(self, cfg: Config, files: Sequence[str], overrides: Sequence[str], *, fresh: bool = False,
-                 resume_anyway: bool = False):
-        self.cfg, self.files, self.overrides = cfg, list(files), list(overrides)
-        self.fresh, self.resume_anyway = fresh, resume_anyway
+    def __init__(self, cfg: Config, files: Sequence[str], overrides: Sequence[str], *flags: str):
+        self.cfg, self.files, self.overrides, self.flags = cfg, list(files), list(overrides), set(flags)
         self.redis: EmbeddedRedis | None = None
         self.services: list[Service] = []
         self.stopping = False
@@ -145,13 +143,11 @@ class Launcher:
         from asyncrlhf.resume import prepare_run_dir  # torch: imported only here
 
         run_dir = self.cfg.run.path
-        refused = prepare_run_dir(self.cfg, fresh=self.fresh, anyway=self.resume_anyway,
+        refused = prepare_run_dir(self.cfg, self.flags,
                                   say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
-        if refused is not None:
+        if refused is not None:  # before anything is written
             print(f"asyncrlhf up: {refused}", file=sys.stderr)
             return 2
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         problem = prepare_model(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
@@ -389,12 +385,11 @@ def main(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    flags = {a for a in argv if a in ("--fresh", "--resume-anyway")}
+    flags = [a for a in argv if a in ("--fresh", "--resume-anyway")]
     files, overrides = split_config_args([a for a in argv if a not in flags])
     try:
         cfg = load_config(files, overrides)
     except ConfigError as err:
         print(f"asyncrlhf up: {err}", file=sys.stderr)
         return 2
-    return Launcher(cfg, files, overrides, fresh="--fresh" in flags,
-                    resume_anyway="--resume-anyway" in flags).run()
+    return Launcher(cfg, files, overrides, *flags).run()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,18 +111,27 @@ def move_aside(run_dir: Path) -> Path:
     return target
 
 
-def prepare_run_dir(cfg: Config, *, fresh: bool, anyway: bool, say: Callable[[str], None]) -> str | None:
-    """Decide, before anything starts, what `up` does with the run directory, and say it; returns why it
-    must not start (None: go on)."""
+def prepare_run_dir(cfg: Config, flags: Collection[str], say: Callable[[str], None]) -> str | None:
+    """Decide, before anything starts, what `up` does with the run directory (`flags`: `--fresh`,
+    `--resume-anyway`), say it, and write the run's config there; returns why it must not start (None: go
+    on, and nothing is written otherwise)."""
+    refused = _decide(cfg, flags, say)
+    if refused is None:
+        cfg.run.path.mkdir(parents=True, exist_ok=True)
+        (cfg.run.path / "config.yaml").write_text(cfg.to_yaml())
+    return refused
+
+
+def _decide(cfg: Config, flags: Collection[str], say: Callable[[str], None]) -> str | None:
     run_dir, name = cfg.run.path, cfg.run.name
-    if fresh and anyway:
+    if {"--fresh", "--resume-anyway"} <= set(flags):
         return "--fresh starts afresh and --resume-anyway resumes: give one of them"
-    if fresh:
+    if "--fresh" in flags:
         return _start_fresh(cfg, say)
     found = find(cfg)
     if found is None:
         return None
-    if found.changed and not anyway:
+    if found.changed and "--resume-anyway" not in flags:
         listed = "\n".join(f"  {c}" for c in found.changed)
         return (f"run `{name}` has a checkpoint at step {found.steps} ({found.path}) trained with another "
                 f"config:\n{listed}\nResuming would load it into a different model. Start afresh with "

@@ -175,8 +175,7 @@ class VLLMBackend:
         return self._version
 
     @property
-    def context_length(self) -> int:
-        """vLLM's max_model_len: `generator.vllm.max_model_len`, else the model's context length."""
+    def context_length(self) -> int:  # vLLM's max_model_len: generator.vllm.max_model_len, else the model's
         return self.llm.llm_engine.model_config.max_model_len
 
     @property

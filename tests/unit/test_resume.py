@@ -31,7 +31,8 @@ def trained(cfg, version=5):
 
 def decide(cfg, fresh=False, anyway=False):
     said: list[str] = []
-    refused = prepare_run_dir(cfg, fresh=fresh, anyway=anyway, say=said.append)
+    flags = ["--fresh"] * fresh + ["--resume-anyway"] * anyway
+    refused = prepare_run_dir(cfg, flags, say=said.append)
     return refused, said
 
 
@@ -62,7 +63,8 @@ def test_fresh_moves_the_old_run_aside_and_keeps_it(tmp_path):
     assert refused is None
     assert said == [f"--fresh: moved the earlier run directory {cfg.run.path} to {moved}; run r starts "
                     "afresh"]
-    assert not cfg.run.path.exists() and checkpoint.step_dir(moved, 5).is_dir()
+    assert checkpoint.step_dir(moved, 5).is_dir()
+    assert [p.name for p in cfg.run.path.iterdir()] == ["config.yaml"]  # the new run's, and nothing else
     assert decide(cfg, fresh=True, anyway=True)[0].startswith("--fresh starts afresh and --resume-anyway")
 
 
