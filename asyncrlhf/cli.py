@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "asyncrlhf.stages.pipeline", "The seed's workflow: SFT -> relabel -> train-rm -> up -> report."
     ),
     "report": ("asyncrlhf.report", "Write report.md and plots for a run directory."),
+    "export": (
+        "asyncrlhf.export", "Write a checkpoint as a Hugging Face model directory (load, serve, share)."
+    ),
     "audit": (
         "asyncrlhf.audit", "Check that every enqueued group was trained once, dropped or dead-lettered."
     ),
@@ -38,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # Commands that parse their own arguments (argparse or a usage of their own) answer `--help` themselves; the
 # others take config files and overrides, where `--help` would read as an override without a value.
-OWN_HELP = ("up", "report", "audit", "bench")
+OWN_HELP = ("up", "report", "audit", "bench", "export")
 CONFIG_ARGS = (
     "Config: one or more YAML files (`CONFIG.yaml` or `--config FILE`, later ones override earlier),\n"
     "then overrides as `key=value` or `--key value` (e.g. `learner.lr=1e-4`).\n"

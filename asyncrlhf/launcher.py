@@ -128,8 +128,8 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
 
 
 class Launcher:
-    def __init__(self, cfg: Config, files: Sequence[str], overrides: Sequence[str]):
-        self.cfg, self.files, self.overrides = cfg, list(files), list(overrides)
+    def __init__(self, cfg: Config, files: Sequence[str], overrides: Sequence[str], *flags: str):
+        self.cfg, self.files, self.overrides, self.flags = cfg, list(files), list(overrides), set(flags)
         self.redis: EmbeddedRedis | None = None
         self.services: list[Service] = []
         self.stopping = False
@@ -140,9 +140,14 @@ class Launcher:
         self.started_at = time.time()
 
     def run(self) -> int:
+        from asyncrlhf.resume import prepare_run_dir  # torch: imported only here
+
         run_dir = self.cfg.run.path
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        refused = prepare_run_dir(self.cfg, self.flags,
+                                  say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
+        if refused is not None:  # before anything is written
+            print(f"asyncrlhf up: {refused}", file=sys.stderr)
+            return 2
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         problem = prepare_model(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
@@ -372,14 +377,19 @@ def print_report(run_dir: Path) -> None:
     print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in h.items()))
 
 
+USAGE = """usage: asyncrlhf up CONFIG.yaml [--fresh | --resume-anyway] [key=value | --key value ...]
+A run with a checkpoint resumes from it; --fresh moves its directory aside (docs/bring-your-own.md)."""
+
+
 def main(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: asyncrlhf up CONFIG.yaml [key=value | --key value ...]")
+        print(USAGE)
         return 0 if argv else 2
-    files, overrides = split_config_args(argv)
+    flags = [a for a in argv if a in ("--fresh", "--resume-anyway")]
+    files, overrides = split_config_args([a for a in argv if a not in flags])
     try:
         cfg = load_config(files, overrides)
     except ConfigError as err:
         print(f"asyncrlhf up: {err}", file=sys.stderr)
         return 2
-    return Launcher(cfg, files, overrides).run()
+    return Launcher(cfg, files, overrides, *flags).run()

@@ -52,6 +52,8 @@ class Section:
     cls: type[BaseModel]
     note: str = ""  # e.g. "`algorithm: ppo`": which member of a union this table is
     inherited: frozenset[str] = frozenset()  # fields shown in the union's shared table instead
+    default: str = ""  # a union's or a list's default (which member, which scorers), on its first table
+    tag_default: tuple[str, str] | None = None  # (tag, value) a union takes when its tag is left out
 
 
 def _slot(field: FieldInfo) -> tuple[Any, Any, bool] | None:
@@ -71,10 +73,11 @@ def config_sections() -> Iterator[Section]:
 
 
 def _sections(
-    cls: type[BaseModel], path: str, note: str = "", inherited: frozenset[str] = frozenset()
+    cls: type[BaseModel], path: str, note: str = "", inherited: frozenset[str] = frozenset(),
+    default: str = "", tag_default: tuple[str, str] | None = None,
 ) -> Iterator[Section]:
     if path:
-        yield Section(path, cls, note, inherited)
+        yield Section(path, cls, note, inherited, default, tag_default)
     for name, field in cls.model_fields.items():
         if name in inherited:
             continue
@@ -85,11 +88,13 @@ def _sections(
         child = f"{path}.{name}" if path else name
         child += "[]" if many else ""
         if tagged is None:
-            yield from _sections(held, child)
+            yield from _sections(held, child, default=section_default(field, None) if many else "")
             continue
         members = tagged.members(held)
         shared = _shared_fields(list(members.values()))
-        yield from _sections(_common_base(list(members.values())), child, f"every `{tagged.tag}`")
+        tag_default = (tagged.tag, tagged.default) if tagged.default else None
+        yield from _sections(_common_base(list(members.values())), child, f"every `{tagged.tag}`",
+                             default=section_default(field, tagged.tag), tag_default=tag_default)
         for value, member in _unique(members):
             yield from _sections(member, child, f"`{tagged.tag}: {value}`", frozenset(shared))
 
@@ -114,6 +119,18 @@ def _common_base(members: list[type[BaseModel]]) -> type[BaseModel]:
     raise TypeError(f"no common base of {members}")
 
 
+def section_default(field: FieldInfo, tag: str | None) -> str:
+    """What a field holding sections defaults to, as the YAML a user would write: each section's tag (which
+    member: `kind: rule`) and the keys it sets away from their own defaults (`name: sentiment`)."""
+    value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+    if value is PydanticUndefined:
+        return ""
+    items = value if isinstance(value, list) else [value]
+    written = [{**({tag: getattr(v, tag)} if tag else {}), **v.model_dump(mode="json", exclude_defaults=True)}
+               for v in items]
+    return json.dumps(written if isinstance(value, list) else written[0]).replace("|", "\\|")
+
+
 def leaf_rows(section: Section) -> list[tuple[str, str, str, str]]:
     """(key, type, default, description) of each field of `section` that is not itself a section."""
     rows = []
@@ -121,11 +138,12 @@ def leaf_rows(section: Section) -> list[tuple[str, str, str, str]]:
     for name, field in fields.items():
         if name in section.inherited or _slot(field) is not None:
             continue
+        tag, value = section.tag_default or (None, None)
         rows.append(
             (
                 f"{section.path}.{name}",
                 type_name(field.annotation),
-                default_text(field),
+                f"`{json.dumps(value)}`" if name == tag else default_text(field),
                 description(section.cls, name, field),
             )
         )
@@ -203,6 +221,8 @@ def config_page() -> str:
         doc = section_doc(section.cls)
         if doc:
             lines.append(f"{doc}\n")
+        if section.default:
+            lines.append(f"Default: `{section.default}`.\n")
         rows = leaf_rows(section)
         if rows:
             lines.append("| key | type | default | description |")

@@ -2,8 +2,8 @@
 
 Every import statement is an edge, wherever it stands: under `if TYPE_CHECKING:` and inside a function too.
 A cycle hidden from the interpreter that way is still two files that cannot be read, tested or moved one
-without the other (docs/design.md, "How the code reads", principle 11: a split that needs an import back
-is one module cut in two).
+without the other (docs/contributing.md, "How the code reads", principle 11: a split that needs an import
+back is one module cut in two).
 
 An edge goes to the module an import names and to nothing above it: `import a.b.c` and `from a.b import c`
 (where `c` is a submodule) point at `a/b/c.py`, `from a.b import name` at `a/b/__init__.py`. So a package's

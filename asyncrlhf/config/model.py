@@ -168,6 +168,10 @@ class GeneratorConfig(Section):
         "tensor bytes to it (gloo; NCCL on a GPU), control over gRPC (docs/weights.md); never beside TLS.")
     http_host: str = Field("127.0.0.1", description="Bind address of the HTTP server (health, metrics, API).")
     http_port: int = Field(0, ge=0, description="Health, metrics and /v1/completions (0: pick a free one).")
+    api_max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Longest prompt the OpenAI-compatible API (/v1) accepts, in tokens. None: "
+        "what the engine holds (the model's context length, or generator.vllm.max_model_len) less the "
+        "request's max_tokens. model.max_prompt_tokens caps training prompts only, not the API.")
     heartbeat_s: float = Field(2.0, gt=0, description="Registry heartbeat period.")
     registry_ttl_s: float = Field(10.0, gt=0, description="A generator silent this long leaves the registry.")
     tensor_parallel_size: int = Field(

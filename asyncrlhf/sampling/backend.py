@@ -48,6 +48,10 @@ class Backend(WeightTarget, Protocol):
     def version(self) -> int:
         """The step of the policy version of the live weights (0: none received yet)."""
 
+    @property
+    def context_length(self) -> int | None:
+        """The longest sequence (prompt + completion) the engine holds; None when the model does not say."""
+
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:
         """k completions of each prompt: `out[i][j]` is the j-th sample of `prompts[i]`."""

@@ -192,6 +192,13 @@ class HFBackend:
     def version(self) -> int:
         return self._version
 
+    @property
+    def context_length(self) -> int | None:
+        """The longest sequence (prompt + completion) the model's positions cover, from its config
+        (`max_position_embeddings`, or GPT-2's `n_positions`); None when the config names neither."""
+        config = self.model.config
+        return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
     def named_tensors(self) -> Mapping[str, torch.Tensor]:
         return self._live
 

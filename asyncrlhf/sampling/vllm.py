@@ -175,6 +175,10 @@ class VLLMBackend:
         return self._version
 
     @property
+    def context_length(self) -> int:  # vLLM's max_model_len: generator.vllm.max_model_len, else the model's
+        return self.llm.llm_engine.model_config.max_model_len
+
+    @property
     def lora_request(self) -> Any:
         """The adapter requests are served with (unmerged LoRA), else None."""
         return self._lora_request

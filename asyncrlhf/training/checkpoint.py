@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from asyncrlhf.config import Config, ModelConfig
@@ -80,6 +81,13 @@ def latest_version(cfg: Config) -> int | None:
 def read_state(path: Path) -> LearnerState:
     """The `LearnerState` a checkpoint recorded."""
     return LearnerState(**json.loads((path / STATE).read_text()))
+
+
+def saved_config(path: Path) -> dict | None:
+    """The resolved config a checkpoint was trained with, as `Config.to_yaml` wrote it (a plain mapping: a
+    config of another version of this code still reads); None when the checkpoint has none."""
+    file = path / CONFIG
+    return yaml.safe_load(file.read_text()) if file.is_file() else None
 
 
 def write_state(path: Path, state: LearnerState) -> None:

@@ -1,5 +1,6 @@
-"""The pages a newcomer follows, run as written (tools/doc_blocks.py): every shell and Python block in order,
-every file they save, every config fragment loaded against the config tree, on the tiny CPU-scale configs.
+"""The pages a newcomer follows, and each algorithm's (its keys loaded, its hand-computed example run), run as
+written (tools/doc_blocks.py): every shell and Python block in order, every file they save, every config
+fragment loaded against the config tree, on the tiny CPU-scale configs.
 A block that needs a GPU, a network or minutes says so on the page (`<!-- docs-test: skip (why) -->`)."""
 
 from pathlib import Path
@@ -10,7 +11,9 @@ from tools.doc_blocks import parse, run_page
 
 pytestmark = pytest.mark.e2e
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = ["quickstart.md", "bring-your-own.md", "recipes/tldr.md", "recipes/alpacafarm.md", "recipes/gsm8k.md"]
+ALGORITHMS = ["online-dpo", "ppo", "rloo", "grpo", "reinforce-pp", "best-of-n", "sft", "reward-modelling"]
+PAGES = ["installation.md", "quickstart.md", "bring-your-own.md", "recipes/tldr.md", "recipes/alpacafarm.md",
+         "recipes/gsm8k.md", *(f"algorithms/{name}.md" for name in ALGORITHMS)]
 
 
 @pytest.mark.parametrize("page", PAGES)

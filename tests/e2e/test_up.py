@@ -69,6 +69,7 @@ def test_a_crashed_service_stops_the_run_with_its_log_tail(tmp_path):
 
 
 def test_sigint_stops_everything_and_leaves_a_resumable_checkpoint(tmp_path):
+    """Then resumes it three ways (`resume_says_what_it_does`): over 60 s, one more short run of the stack."""
     proc = up(tmp_path, "learner.total_steps=1000", "launch.evaluator=false", start_new_session=True)
     run_dir = tmp_path / "run"
     deadline = time.monotonic() + 180
@@ -83,6 +84,27 @@ def test_sigint_stops_everything_and_leaves_a_resumable_checkpoint(tmp_path):
     assert version == max(trained)  # the checkpoint holds every trained step: nothing to redo
     leftover = subprocess.run(["pgrep", "-f", f"e2e-{tmp_path.name}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "services still running after the stop"
+    resume_says_what_it_does(tmp_path, version)
+
+
+def resume_says_what_it_does(tmp_path, version: int) -> None:
+    """`up` again on the stopped run: refused with another model (naming the key, before anything starts),
+    resumed with the same one (saying from which step and checkpoint: one step more), and `--fresh` moves the
+    run aside, kept whole, before it starts anew (here it then stops at its missing model: cheap)."""
+    run, name = tmp_path / "run", f"e2e-{tmp_path.name}"
+    code, out = finish(up(tmp_path, "model.name_or_path=smollm2-135m-instruct"), timeout=120)
+    assert code == 2 and "model.name_or_path: 'tiny' -> 'smollm2-135m-instruct'" in out, out[-4000:]
+    assert "--fresh" in out and "Redis" not in out, out[-4000:]
+    code, out = finish(up(tmp_path, f"learner.total_steps={version}", "launch.evaluator=false"))
+    checkpoint = run / "checkpoints" / f"step-{version:06d}"
+    assert code == 0 and f"resuming run {name} from step {version - 1} (checkpoint {checkpoint})" in out, \
+        out[-4000:]
+    assert latest_version(load_config([run / "config.yaml"])) == version + 1
+    code, out = finish(up(tmp_path, "--fresh", "model.name_or_path=/no/such/model"), timeout=120)
+    (moved,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert code == 2 and f"moved the earlier run directory {run} to {moved}" in out, out[-4000:]
+    assert (moved / "checkpoints" / f"step-{version + 1:06d}" / "learner_state.json").is_file()
+    assert not (run / "checkpoints").exists()
 
 
 def test_a_killed_learner_is_restarted_and_resumes_from_its_checkpoint(tmp_path):

@@ -105,7 +105,7 @@ def router(ctx: ApiContext) -> APIRouter:
         params = Params(max_tokens=request.token_limit, temperature=request.temperature, top_p=request.top_p,
                         seed=request.seed, stops=request.stops,
                         top_n=(request.top_logprobs or 0) if request.logprobs else None)
-        version, groups = ctx.sampler.sample(ids, request.n, params)
+        version, groups = ctx.sampler.sample(ids, request.n, params, param="messages")
         counted = Usage(**usage(ids, groups))
         identity = ctx.identity("chatcmpl", version)
         if request.stream:
@@ -122,7 +122,8 @@ def router(ctx: ApiContext) -> APIRouter:
 
 def stream(ctx: ApiContext, request: ChatRequest, identity: dict, choices: list[Sampled],
            counted: Usage | None) -> Iterator[ChatChunk]:
-    """Text as it was sampled, token by token; a choice that called tools sends its calls in one chunk."""
+    """What the non-streamed answer holds, in pieces: its text token by token (after a forced call's opening,
+    which the server wrote), or, for a choice that called tools, its calls in one chunk."""
     for j, choice in enumerate(choices):
         message, finish = answer(request, choice)
         yield ChatChunk(**identity, choices=[
@@ -133,8 +134,9 @@ def stream(ctx: ApiContext, request: ChatRequest, identity: dict, choices: list[
                     ChatChunkChoice(index=j, delta=Delta(content=message.content))])
             calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(message.tool_calls)]
             yield ChatChunk(**identity, choices=[ChatChunkChoice(index=j, delta=Delta(tool_calls=calls))])
-        else:
-            for piece in text_pieces(ctx.sampler, choice):
+        else:  # the same text as the answer's content: a forced call's opening, then what was sampled
+            opening = call_prefix(request)
+            for piece in ([opening] if opening else []) + text_pieces(ctx.sampler, choice):
                 yield ChatChunk(**identity, choices=[ChatChunkChoice(index=j, delta=Delta(content=piece))])
         yield ChatChunk(**identity, choices=[
             ChatChunkChoice(index=j, delta=Delta(), finish_reason=finish)])  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ from asyncrlhf.cores import on_fresh_thread
 from asyncrlhf.sampling import Backend, Finish, TokenScore
 from asyncrlhf.serving.gate import BackendGate, GateBusy
 from asyncrlhf.serving.openai.errors import OpenAIError
+from asyncrlhf.serving.openai.limits import PromptLimits
 
 # Below this, logits / temperature overflows float32 and sampling is greedy in all but name anyway.
 MIN_TEMPERATURE = 1e-3
@@ -59,25 +60,23 @@ class Sampled:
 
 
 class ApiSampler:
-    def __init__(self, backend: Backend, gate: BackendGate, tokenizer, max_prompt_tokens: int):
-        self.backend, self.gate, self.tokenizer = backend, gate, tokenizer
-        self.max_prompt_tokens = max_prompt_tokens
+    def __init__(self, backend: Backend, gate: BackendGate, tokenizer, limits: PromptLimits):
+        self.backend, self.gate, self.tokenizer, self.limits = backend, gate, tokenizer, limits
 
-    def check_prompt(self, ids: Sequence[int]) -> None:
-        if len(ids) > self.max_prompt_tokens:
-            raise OpenAIError(400, f"the prompt has {len(ids)} tokens, more than this generator serves "
-                                   f"(model.max_prompt_tokens={self.max_prompt_tokens})",
-                              param="prompt", code="context_length_exceeded")
+    def check_prompt(self, ids: Sequence[int], max_tokens: int, param: str) -> None:
+        self.limits.check(len(ids), max_tokens, param)
         vocab = len(self.tokenizer)
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise OpenAIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}",
-                              param="prompt", code="invalid_value")
+                              param=param, code="invalid_value")
 
-    def sample(self, prompts: list[list[int]], n: int, params: Params) -> tuple[int, list[list[Sampled]]]:
-        """(the weights version that sampled, out[i][j]: the j-th choice of prompts[i])."""
+    def sample(self, prompts: list[list[int]], n: int, params: Params,
+               param: str = "prompt") -> tuple[int, list[list[Sampled]]]:
+        """(the weights version that sampled, out[i][j]: the j-th choice of prompts[i]). `param`: the
+        request field the prompts came from, named by a refusal."""
         for ids in prompts:
-            self.check_prompt(ids)
+            self.check_prompt(ids, params.max_tokens, param)
         greedy = params.temperature < MIN_TEMPERATURE
         sampling = SamplingConfig(temperature=1.0 if greedy else params.temperature,
                                   top_p=1.0 if greedy else params.top_p, top_k=1 if greedy else 0,

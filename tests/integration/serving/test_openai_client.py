@@ -181,7 +181,7 @@ def test_chat_applies_the_chat_template(served):
     ({"temperature": -1}, openai.BadRequestError, "temperature"),
     ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
     ({"prompt": [10**6]}, openai.BadRequestError, "outside the vocabulary"),
-    ({"prompt": "x" * 500}, openai.BadRequestError, "model.max_prompt_tokens=64"),
+    ({"prompt": "x" * 600}, openai.BadRequestError, "this model's context is"),
     ({"model": "gpt-4"}, openai.NotFoundError, "serves 'tiny'"),
 ])
 def test_bad_requests_get_openai_errors_that_say_what_is_wrong(served, kwargs, error, says):
@@ -190,6 +190,29 @@ def test_bad_requests_get_openai_errors_that_say_what_is_wrong(served, kwargs, e
         served.client.completions.create(**body)
     assert says in err.value.message
     assert err.value.body["type"] and "message" in err.value.body
+
+
+def test_a_prompt_longer_than_the_training_cap_is_served_up_to_the_engines_context(served):
+    """model.max_prompt_tokens (64 in tiny) caps training prompts, not the API: an agent's prompt of 200
+    tokens (the byte-level tokenizer adds no BOS) is served; prompt + max_tokens beyond the engine's context
+    (HF: the model's 512 positions; vLLM: generator.vllm.max_model_len=256) is a 400 that names the limit."""
+    reply = served.client.completions.create(model=MODEL, prompt="x" * 200, max_tokens=4)
+    assert reply.usage.prompt_tokens == 200 and reply.usage.completion_tokens >= 1
+    context = served.backend.context_length
+    assert context == (256 if served.cfg.generator.backend == "vllm" else 512)
+    with pytest.raises(openai.BadRequestError, match=f"context is {context} tokens") as err:
+        served.client.completions.create(model=MODEL, prompt="x" * (context - 3), max_tokens=4)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_the_operators_prompt_cap_is_a_400_naming_its_key(tmp_path):
+    s = Served("hf", tmp_path, version=1, extra=("generator.api_max_prompt_tokens=8",))
+    try:
+        assert s.client.completions.create(model=MODEL, prompt="x" * 8, max_tokens=1).usage.prompt_tokens == 8
+        with pytest.raises(openai.BadRequestError, match="generator.api_max_prompt_tokens=8"):
+            s.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 9}])
+    finally:
+        s.close()
 
 
 def test_a_wrong_token_is_401_and_a_full_queue_is_429(served):

@@ -1,5 +1,5 @@
-"""Tool calling through `/v1/chat/completions` with the official `openai` client, on HF and vLLM: tools in,
-`tool_calls` out, the tool's result sent back in, the model's answer out.
+"""Tool calling through `/v1/chat/completions` with the official `openai` client and the OpenAI Agents SDK,
+on HF and vLLM: tools in, `tool_calls` out, the tool's result sent back in, the model's answer out.
 
 How the calls are produced: the tiny model is first taught (`tests.taught`, under a minute of Adam) to
 answer this conversation with a Hermes-style `<tool_call>` and the conversation with the tool's result with
@@ -11,15 +11,19 @@ for the byte-level tiny tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
 import pytest
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
 
 from asyncrlhf.envs.toolcalls import ToolCall, ToolSpec, render_chat
 from asyncrlhf.models import load_policy
+from asyncrlhf.serving.openai.chat import call_prefix
+from asyncrlhf.serving.openai.protocol import ChatRequest
 from asyncrlhf.version import PolicyVersion
-from tests.integration.serving.test_openai_client import MODEL, Served
+from tests.integration.serving.test_openai_client import MODEL, TOKEN, Served
 from tests.taught import teach
 
 pytestmark = pytest.mark.integration
@@ -30,11 +34,12 @@ QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 CALL = ToolCall("add", {"a": 2, "b": 3}, id="call_0")
 CALL_TEXT = '<tool_call>{"name":"add","arguments":{"a":2,"b":3}}</tool_call>'  # what the model is taught
 ANSWER = "It is 5."
+NAMED = {"type": "function", "function": {"name": "add"}}
+FORCED_REST = '{"a": 2, "b": 3}}\n</tool_call>'  # what the model writes after a forced call's opening
 TEMPLATE = ("{% if tools %}<s>system\n{% for t in tools %}{{ t.function.name }}{% endfor %}</s>\n{% endif %}"
             "{% for m in messages %}<s>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}"
             "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}"
             "</s>\n{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}")
-LONGER = ["model.max_prompt_tokens=200"]
 
 
 def taught_weights(served: Served):
@@ -46,14 +51,16 @@ def taught_weights(served: Served):
 
     after_call = QUESTION + [{"role": "assistant", "content": "", "tool_calls": [CALL]},
                              {"role": "tool", "content": "5", "tool_call_id": "call_0"}]
+    forced = call_prefix(ChatRequest(model=MODEL, messages=QUESTION, tools=[ADD.openai()], tool_choice=NAMED))
     pairs = [(ids(render_chat(tok, QUESTION, [ADD])), ids(CALL_TEXT) + [tok.eos_token_id]),
+             (ids(render_chat(tok, QUESTION, [ADD]) + forced), ids(FORCED_REST) + [tok.eos_token_id]),
              (ids(render_chat(tok, after_call, [ADD])), ids(ANSWER) + [tok.eos_token_id])]
     return teach(load_policy(served.cfg.model), pairs).state_dict()
 
 
 @pytest.fixture(scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def served(request, tmp_path_factory):
-    s = Served(request.param, tmp_path_factory.mktemp("models"), version=0, extra=LONGER)
+    s = Served(request.param, tmp_path_factory.mktemp("models"), version=0)
     s.tokenizer.chat_template = TEMPLATE  # the tokenizer the server renders with
     s.backend.apply_weights(taught_weights(s), version=PolicyVersion(0, 1))
     yield s
@@ -98,3 +105,40 @@ def test_tool_choice_naming_a_missing_tool_is_refused(served):
         served.client.chat.completions.create(
             model=MODEL, messages=QUESTION, tools=[ADD.openai()], max_tokens=4,
             tool_choice={"type": "function", "function": {"name": "mul"}})
+
+
+def test_a_forced_call_streamed_and_not_says_the_same(served):
+    kw = dict(model=MODEL, messages=QUESTION, tools=[ADD.openai()], tool_choice=NAMED, temperature=0,
+              max_tokens=64)
+    whole = served.client.chat.completions.create(**kw).choices[0]
+    chunks = list(served.client.chat.completions.create(**kw, stream=True))
+    (call,) = whole.message.tool_calls
+    streamed = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in streamed] == [("add", call.function.arguments)]
+    assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == (whole.message.content or "")
+
+
+def test_an_agent_forces_a_call_runs_the_tool_and_answers(served):
+    """The OpenAI Agents SDK (its Chat Completions model, over the real `openai` client) runs an agent whose
+    `tool_choice` forces its one function tool: the server writes the call's opening, the model the rest;
+    the call is parsed, the SDK runs the tool and sends its result back (with tool_choice reset, as the
+    SDK does after a tool ran), and the model's answer is the run's final output."""
+    calls = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """a+b"""
+        calls.append((a, b))
+        return a + b
+
+    client = openai.AsyncOpenAI(base_url=f"{served.http.url}/v1", api_key=TOKEN, max_retries=0)
+    agent = Agent(name="calculator", tools=[add],
+                  model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+                  model_settings=ModelSettings(tool_choice="add", temperature=0, max_tokens=64))
+    offline = RunConfig(tracing_disabled=True)  # no traces sent to OpenAI
+    result = asyncio.run(Runner.run(agent, QUESTION[0]["content"], run_config=offline))
+    assert calls == [(2, 3)]
+    assert [item.type for item in result.new_items] == \
+        ["tool_call_item", "tool_call_output_item", "message_output_item"]
+    assert result.final_output == ANSWER

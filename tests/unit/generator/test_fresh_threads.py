@@ -14,6 +14,7 @@ import json, os, threading, time, torch
 from asyncrlhf.sampling import Completion
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.serving.openai.engine import ApiSampler, Params
+from asyncrlhf.serving.openai.limits import PromptLimits
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap
 from asyncrlhf.version import PolicyVersion
@@ -40,7 +41,7 @@ class Tokenizer:
 
 backend = Backend()
 backend.version = 1
-sampler = ApiSampler(backend, BackendGate(), Tokenizer(), max_prompt_tokens=16)
+sampler = ApiSampler(backend, BackendGate(), Tokenizer(), PromptLimits(16, "test"))
 params = Params(max_tokens=2, temperature=1.0, top_p=1.0, seed=0, stops=[])
 
 swap = WeightSwap(Backend(), BackendGate(), GeneratorMetrics("gen-t"))

@@ -9,8 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from asyncrlhf.models import build_tiny_tokenizer
-from asyncrlhf.serving.openai.chat import answer, call_prefix, chat_prompt_ids
-from asyncrlhf.serving.openai.engine import Sampled
+from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.serving.openai.chat import answer, call_prefix, chat_prompt_ids, stream
+from asyncrlhf.serving.openai.context import ApiContext
+from asyncrlhf.serving.openai.engine import ApiSampler, Sampled
+from asyncrlhf.serving.openai.limits import PromptLimits
 from asyncrlhf.serving.openai.protocol import ChatRequest
 
 pytestmark = pytest.mark.unit
@@ -59,3 +62,22 @@ def test_inconsistent_tool_requests_are_refused(body, match):
 def test_a_tool_message_needs_the_call_it_answers():
     with pytest.raises(ValueError, match="tool_call_id"):
         ChatRequest(model="tiny", messages=[{"role": "tool", "content": "5"}])
+
+
+@pytest.mark.parametrize("text", ['add", "arguments": {"a": 2}}\n</tool_call>', 'add", "arguments": {oops'])
+def test_a_streamed_forced_call_says_what_the_answer_says(text):
+    """With tool_choice forcing a call, the stream holds the call's opening the server wrote, as the
+    non-streamed answer does: the same calls when they parse, the same content when they do not."""
+    tok = build_tiny_tokenizer()
+    sampler = ApiSampler(SimpleNamespace(), BackendGate(), tok, PromptLimits(None, "test"))
+    ctx = ApiContext("tiny", sampler, "gen-t", None)
+    forced = request(tools=TOOLS, tool_choice="required")
+    sampled = Sampled([], tok(text, add_special_tokens=False)["input_ids"], text, "stop", [])
+    message, finish = answer(forced, sampled)
+    identity = ctx.identity("chatcmpl", 1)
+    deltas = [c.choices[0] for c in stream(ctx, forced, identity, [sampled], None)]
+    assert "".join(d.delta.content or "" for d in deltas) == (message.content or "")
+    calls = [call for d in deltas for call in d.delta.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    assert deltas[-1].finish_reason == finish

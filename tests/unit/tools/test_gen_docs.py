@@ -58,6 +58,20 @@ def test_every_key_of_the_config_tree_is_in_the_reference():
     assert sorted(documented - set(keys)) == []
 
 
+def test_every_default_is_visible_scorers_by_name_and_the_learners_algorithm():
+    """A section's default that a table cannot show (a list of scorers, which member of a union) is written
+    under its heading; a union's tag shows the member it takes when left out."""
+    page = config_page()
+    def under(heading: str) -> str:
+        return page.split(heading, 1)[1].lstrip().split("\n", 1)[0]
+
+    sentiment = '{"kind": "rule", "name": "sentiment"}'
+    assert under("### `reward.scorers[]` (every `kind`)") == f"Default: `[{sentiment}]`."
+    assert under("### `evaluator.gold` (every `kind`)") == f"Default: `{sentiment}`."
+    assert '| `learner.algorithm` | str | `"online_dpo"` |' in page
+    assert "| required |" not in page.split("## `learner` (every `algorithm`)")[1].split("###")[0]
+
+
 def test_every_key_has_a_description():
     page = config_page()
     undescribed = [
