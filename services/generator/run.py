@@ -135,6 +135,7 @@ class GeneratorService:
             self.weight_sync.stop()
         if self.http is not None:
             self.http.stop()
+        self.loop.close()
 
     def _announce(self, version: int) -> None:
         """Tell the registry about a new version at once rather than at the next beat."""
