@@ -97,6 +97,7 @@ class Evidence:
     flow: Flow | None = None  # None when Redis did not answer
     learner_silent_s: float | None = None  # its metrics endpoint has not answered for this long (`up` only)
     silent_services: tuple[tuple[str, float], ...] = ()  # other processes not answering (`up` only)
+    not_starting: tuple[str, ...] = ()  # processes that exited before they answered, and why (`up` only)
     cause: Cause | None = None  # this stall's cause so far (the monitor keeps it)
 
 
@@ -122,6 +123,8 @@ def diagnose(e: Evidence, stall_after_s: float) -> Stall | None:
         now = _evidence(e, e.flow or Flow(0, 0, 0))
         hop, message = e.cause.hop, (f"recovering from: {e.cause.message}; the pipeline has not moved since "
                                      f"(the learner has read no scored group): {now}")
+    if e.not_starting:
+        message += "; cannot start: " + "; ".join(e.not_starting)
     if e.silent_services:
         message += "; not answering /metrics: " + ", ".join(f"{n} for {_s(s)}" for n, s in e.silent_services)
     return Stall(hop, message, e.stepless_s, recovering)

@@ -50,9 +50,11 @@ class StallMonitor:
         return cls(cfg, FlowProbe(client, cfg.run.name), say)
 
     def check(self, stepless_s: float, waiting: Waiting | None, learner_silent_s: float | None = None,
-              silent_services: Sequence[tuple[str, float]] = ()) -> Stall | None:
-        """The stall now, if any. `waiting`: the learner's wait; `learner_silent_s`, `silent_services`: what
-        only `asyncrlhf up` sees (the learner's metrics endpoint, or others', not answering)."""
+              silent_services: Sequence[tuple[str, float]] = (), not_starting: Sequence[str] = ()
+              ) -> Stall | None:
+        """The stall now, if any. `waiting`: the learner's wait; `learner_silent_s`, `silent_services`,
+        `not_starting`: what only `asyncrlhf up` sees (the learner's metrics endpoint, or others', not
+        answering; processes that exited before they answered, each with why)."""
         self._notice(silent_services)
         redis_silent = self.probe.redis_silent_s()
         if stepless_s < self.stall_after_s:
@@ -68,7 +70,7 @@ class StallMonitor:
         evidence = Evidence(stepless_s, self.expected,
                             waiting.on if waiting else None, waiting.seconds(now) if waiting else 0.0,
                             waiting.detail if waiting else "", redis_silent, flow, learner_silent_s,
-                            tuple(silent_services), self.cause)
+                            tuple(silent_services), tuple(not_starting), self.cause)
         stall = diagnose(evidence, self.stall_after_s)
         if stall is not None:
             self._follow(stall, flow)
