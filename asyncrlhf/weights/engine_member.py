@@ -32,10 +32,12 @@ rank of the learner's broadcast.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import secrets
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from multiprocessing import AuthenticationError
@@ -238,6 +240,8 @@ class WorkerRounds:
         return self.staged(group, round_id).tensors(places)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept: a close alone would not
         self._listener.close()
         self.member.close()
 
