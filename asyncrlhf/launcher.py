@@ -25,10 +25,11 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
-from asyncrlhf.progress import Progress, RunState
+from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
-from asyncrlhf.stalls import Stall, crashes
+from asyncrlhf.stalls import crashes
+from asyncrlhf.stalls.launched import judge_stall
 from asyncrlhf.stalls.monitor import StallMonitor
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
 
@@ -326,21 +327,6 @@ class Launcher:
             },
         }
         (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
-
-def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequence[Service]) -> Stall | None:
-    """The monitor's judgement, with what only the launcher sees: which processes run and answer."""
-    learner = next(s for s in services if s.kind == "learner")
-    if monitor is None:
-        return None
-    running = [s for s in services if s.pending is None and s.poll() is None]
-    silent = [(s.name, state.silent_s(s.name)) for s in running if s is not learner]
-    learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
-    # crashed since it last answered (or never did): restarting, or started again and not answering yet
-    not_starting = [f"{s.name} {s.exit_note}" for s in services
-                    if s.exit_note and s.exited_at > state.answered_at.get(s.name, float("-inf"))]
-    return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
-                         [(name, seconds) for name, seconds in silent if seconds is not None], not_starting)
-
 
 def prepare_model(cfg: Config, files: Sequence[str]) -> str | None:
     """Find the model the services start from (a GGUF converted once here, so the services do not all
