@@ -9,6 +9,7 @@ from typing import Protocol
 from asyncrlhf.progress import RunState
 from asyncrlhf.stalls.diagnosis import Stall
 from asyncrlhf.stalls.monitor import StallMonitor
+from asyncrlhf.supervision import Restart
 
 
 class Supervised(Protocol):
@@ -16,7 +17,7 @@ class Supervised(Protocol):
 
     name: str
     kind: str
-    pending: object  # a restart waiting for its back-off, or None
+    pending: Restart | None  # a restart waiting for its back-off
     exited_at: float  # time.monotonic() of its last crash
     exit_note: str  # how it crashed last, and why
 
