@@ -25,10 +25,11 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
-from asyncrlhf.progress import Progress, RunState
+from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
-from asyncrlhf.stalls import Stall
+from asyncrlhf.stalls import crashes
+from asyncrlhf.stalls.launched import judge_stall
 from asyncrlhf.stalls.monitor import StallMonitor
 from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
 
@@ -50,9 +51,13 @@ class Service:
     policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(0, 1.0))
     pending: Restart | None = None  # a restart waiting for its back-off
     started_at: float = 0.0  # time.monotonic() of the last start
+    log_offset: int = 0  # where the last start's output begins in the log
+    exited_at: float = float("-inf")  # time.monotonic() of its last crash
+    exit_note: str = ""  # how it crashed last, and why (`asyncrlhf.stalls.crashes`)
 
     def start(self) -> None:
         self.started_at = time.monotonic()
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -266,6 +271,9 @@ class Launcher:
             return False
         svc.restarts += 1
         svc.pending = restart
+        svc.exited_at, why = time.monotonic(), crashes.reason(crashes.last_run(svc.log_path, svc.log_offset))
+        svc.exit_note = crashes.exit_note(code, svc.exited_at - svc.started_at, restart.count,
+                                          svc.policy.window_s, why)
         delay = restart.at - time.monotonic()
         print(f"asyncrlhf up: {svc.name} exited with {code}; restarting in {delay:.1f} s "
               f"({restart.count} in the last {svc.policy.window_s:g} s)", flush=True)
@@ -324,18 +332,6 @@ class Launcher:
             },
         }
         (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
-
-def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequence[Service]) -> Stall | None:
-    """The monitor's judgement, with what only the launcher sees: which processes run and answer."""
-    learner = next(s for s in services if s.kind == "learner")
-    if monitor is None:
-        return None
-    running = [s for s in services if s.pending is None and s.poll() is None]
-    silent = [(s.name, state.silent_s(s.name)) for s in running if s is not learner]
-    learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
-    return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
-                         [(name, seconds) for name, seconds in silent if seconds is not None])
-
 
 def prepare_model(cfg: Config, files: Sequence[str]) -> str | None:
     """Find the model the services start from (a GGUF converted once here, so the services do not all

@@ -210,11 +210,14 @@ def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> PreTra
     return scorer.to(resolve_device(device))
 
 
-def per_token_scores(scorer: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, T) outputs of a 1-output sequence-classification head at every position (PPO values)."""
+def per_token_scores(scorer: PreTrainedModel, input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                     **forward: object) -> torch.Tensor:
+    """(B, T) outputs of a 1-output sequence-classification head at every position (PPO values); `forward`:
+    further keyword arguments of the backbone's forward (a packed row's sample boundaries)."""
     backbone = getattr(scorer, scorer.base_model_prefix)
-    outputs = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    outputs = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       **forward)
     hidden = outputs.last_hidden_state
     return scorer.get_submodule("score")(hidden).squeeze(-1)
 

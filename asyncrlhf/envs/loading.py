@@ -12,8 +12,9 @@ from typing import Any
 
 from asyncrlhf.config import EnvConfig
 from asyncrlhf.envs.base import Env
+from asyncrlhf.envs.mcp_server import McpServer
 from asyncrlhf.envs.openenv import OpenEnvEpisode, OpenEnvError, OpenEnvSpec
-from asyncrlhf.envs.tools import McpServer, Tool, ToolEnv, Verifier, python_tool
+from asyncrlhf.envs.tools import Tool, ToolEnv, Verifier, python_tool
 from asyncrlhf.envs.verifiers_env import VerifiersEpisode, VerifiersLoadError, load_verifiers_env, tool_specs
 from asyncrlhf.rewards.base import ScorerConfigError
 from asyncrlhf.rewards.math import math_score

@@ -1,24 +1,22 @@
-"""Tools for episodes: Python functions, or the tools of an MCP server (the `mcp` SDK, over stdio), and the
+"""Tools for episodes: Python functions, or the tools of an MCP server (`asyncrlhf.envs.mcp_server`), and the
 environment that runs them (`ToolEnv`): each model turn's tool calls are run and their results come back as
 `tool` messages; a turn without a call is the answer, scored by a verifier against the task's reference.
 
 A tool that raises (or an MCP tool that answers an error) is a failed call: its error goes back to the model
 as the tool's result, and it is counted by tool (`tool_errors`); a malformed call is counted under
-`<malformed>`. Neither ends the episode: that is for the environment itself failing (`asyncrlhf.envs.base`).
+`<malformed>`. Neither ends the episode: that is for the environment itself failing (`asyncrlhf.envs.base`),
+as an MCP server that stopped answering does (`McpServerDown`; it is started again for the next episodes).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import inspect
 import json
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrlhf.envs.base import Observation
+from asyncrlhf.envs.base import EnvFailure, Observation
 from asyncrlhf.envs.toolcalls import Message, ToolSpec, parse_tool_calls
 
 MALFORMED = "<malformed>"
@@ -49,64 +47,6 @@ def python_tool(fn: Callable[..., Any]) -> Tool:
         return out if isinstance(out, str) else json.dumps(out)
 
     return Tool(spec, call)
-
-
-class McpServer:
-    """An MCP server started as a subprocess (`command`), one session held open by one task on an event loop
-    of its own thread (the SDK's contexts must be entered and left by the same task): its tools, callable
-    from any thread."""
-
-    def __init__(self, command: Sequence[str], timeout_s: float = 30.0):
-        if not command:
-            raise ValueError("an MCP server needs a command, e.g. [python, my_server.py]")
-        self.timeout_s = timeout_s
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="mcp-client", daemon=True).start()
-        opened: concurrent.futures.Future = concurrent.futures.Future()
-        self._closing = asyncio.Event()
-        self._served = asyncio.run_coroutine_threadsafe(self._serve(list(command), opened), self._loop)
-        self._session = opened.result(timeout_s)
-
-    async def _serve(self, command: list[str], opened: concurrent.futures.Future) -> None:
-        from mcp import ClientSession, StdioServerParameters
-        from mcp.client.stdio import stdio_client
-
-        try:
-            params = StdioServerParameters(command=command[0], args=command[1:])
-            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-                await session.initialize()
-                opened.set_result(session)
-                await self._closing.wait()
-        except Exception as err:
-            if not opened.done():
-                opened.set_exception(err)
-            raise
-
-    def _run(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self.timeout_s)
-
-    def tools(self) -> list[Tool]:
-        listed = self._run(self._session.list_tools())
-        return [Tool(ToolSpec(t.name, t.description or "", t.input_schema), self._caller(t.name))
-                for t in listed.tools]
-
-    def _caller(self, name: str) -> Callable[[dict[str, Any]], str]:
-        def call(arguments: dict[str, Any]) -> str:
-            result = self._run(self._session.call_tool(name, arguments))
-            text = "\n".join(getattr(block, "text", "") for block in result.content)
-            if result.is_error:
-                raise RuntimeError(text or f"the MCP tool `{name}` failed")
-            return text
-
-        return call
-
-    def close(self) -> None:
-        """End the session and the server's process, then the loop."""
-        self._loop.call_soon_threadsafe(self._closing.set)
-        try:
-            self._served.result(self.timeout_s)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 Verifier = Callable[[str, str | None], float]
@@ -149,6 +89,8 @@ class ToolEnv:
             return f"error: there is no tool `{name}`; the tools are {', '.join(self._tools)}"
         try:
             out = tool.call(arguments)
+        except EnvFailure:  # the environment itself failed (an MCP server down): the episode ends
+            raise
         except Exception as err:  # noqa: BLE001 - a failed call is the model's to see, not the episode's end
             self._count(name, failed=True)
             return f"error: {type(err).__name__}: {err}"

@@ -2,7 +2,7 @@
 pipeline (`evidence`), the pure judgement from evidence to a message naming the hop (`diagnosis`), and the
 monitor that the learner and `asyncrlhf up` both run (`monitor`). docs/stalls.md is the operator's page."""
 
-from asyncrlhf.stalls.diagnosis import Evidence, Flow, Hop, Replica, Stall, diagnose
+from asyncrlhf.stalls.diagnosis import Cause, Evidence, Flow, Hop, Replica, Stall, diagnose
 from asyncrlhf.stalls.waiting import Wait, Waiting, WaitState
 
-__all__ = ["Evidence", "Flow", "Hop", "Replica", "Stall", "Wait", "WaitState", "Waiting", "diagnose"]
+__all__ = ["Cause", "Evidence", "Flow", "Hop", "Replica", "Stall", "Wait", "WaitState", "Waiting", "diagnose"]

@@ -9,6 +9,13 @@ The judgement goes upstream from the learner, and stops at the first hop that ex
 
 A replica is alive while its last sign of life (a generator's registry heartbeat, a reward replica's last
 read) is younger than `Expected.silent_after_s`; a silent one that holds entries is the one to name.
+
+A stall's cause stays with the hop that caused it until the pipeline moves again. Once it clears (Redis
+answers again, a generator is back), the services recover and the backlog drains: for a while the evidence
+shows a hop further down as the slow one (scored groups queued, the learner not yet reconnected), which is
+the recovery, not a new cause. So a hop downstream of the stall's `Cause` is not named until the learner has
+read a scored group since the cause was last seen (the learner group's read position on the scored stream
+moved); a hop upstream of it is a new cause and is named at once.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ class Hop(StrEnum):
     PROMPTS = "prompts"
 
 
+# the order the judgement goes in, from the learner upstream
+UPSTREAM_FIRST = (Hop.REDIS, Hop.LEARNER, Hop.PUSH, Hop.GENERATORS, Hop.REWARD, Hop.PROMPTS)
+
+
 @dataclass(frozen=True)
 class Replica:
     """A generator or reward replica as Redis shows it."""
@@ -50,6 +61,7 @@ class Flow:
     scored: int
     generators: tuple[Replica, ...] = ()
     rewards: tuple[Replica, ...] = ()
+    learner_read: str | None = None  # the learner group's last read entry id on the scored stream
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,17 @@ class Expected:
     generators: int
     rewards: int
     silent_after_s: float
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The hop a stall was last judged at on its own evidence, what it said, and where the learner's reads of
+    the scored stream were then (None: not known, Redis was silent; the first position read after it
+    counts)."""
+
+    hop: Hop
+    message: str
+    learner_read: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +97,8 @@ class Evidence:
     flow: Flow | None = None  # None when Redis did not answer
     learner_silent_s: float | None = None  # its metrics endpoint has not answered for this long (`up` only)
     silent_services: tuple[tuple[str, float], ...] = ()  # other processes not answering (`up` only)
+    not_starting: tuple[str, ...] = ()  # processes that exited before they answered, and why (`up` only)
+    cause: Cause | None = None  # this stall's cause so far (the monitor keeps it)
 
 
 @dataclass(frozen=True)
@@ -81,6 +106,7 @@ class Stall:
     hop: Hop
     message: str
     stepless_s: float
+    recovering: bool = False  # the hop is the cause's, cleared; the pipeline has not moved since
 
 
 def _s(seconds: float) -> str:
@@ -92,9 +118,27 @@ def diagnose(e: Evidence, stall_after_s: float) -> Stall | None:
     if e.stepless_s < stall_after_s:
         return None
     hop, message = _judge(e)
+    recovering = _recovering(e, hop)
+    if recovering and e.cause is not None:
+        now = _evidence(e, e.flow or Flow(0, 0, 0))
+        hop, message = e.cause.hop, (f"recovering from: {e.cause.message}; the pipeline has not moved since "
+                                     f"(the learner has read no scored group): {now}")
+    if e.not_starting:
+        message += "; cannot start: " + "; ".join(e.not_starting)
     if e.silent_services:
         message += "; not answering /metrics: " + ", ".join(f"{n} for {_s(s)}" for n, s in e.silent_services)
-    return Stall(hop, message, e.stepless_s)
+    return Stall(hop, message, e.stepless_s, recovering)
+
+
+def _recovering(e: Evidence, hop: Hop) -> bool:
+    """Whether `hop`, judged while the learner waits for scored groups, is downstream of the stall's cause
+    while the learner has read nothing since it (the backlog draining, not a new cause)."""
+    cause = e.cause
+    if cause is None or e.flow is None or e.wait_on is not Wait.SCORED_GROUPS:
+        return False
+    if UPSTREAM_FIRST.index(hop) <= UPSTREAM_FIRST.index(cause.hop):
+        return False
+    return cause.learner_read is None or e.flow.learner_read == cause.learner_read
 
 
 def _judge(e: Evidence) -> tuple[Hop, str]:
@@ -119,10 +163,7 @@ def _judge(e: Evidence) -> tuple[Hop, str]:
 def _upstream(e: Evidence, flow: Flow) -> tuple[Hop, str]:
     """The learner waits for scored groups: which hop holds them."""
     x = e.expected
-    waited = _s(e.waited_s) if e.waited_s >= e.stepless_s - 1 else \
-        f"{_s(e.waited_s)} (no step for {_s(e.stepless_s)})"
-    evidence = (f"waiting {waited} for scored groups: prompts queued {flow.prompts}, rollouts "
-                f"{flow.rollouts}, scored {flow.scored}; {_generators(flow, x)}{_rewards(flow, x)}")
+    evidence = _evidence(e, flow)
     if e.flow is None:
         return Hop.REDIS, f"no evidence from Redis: {evidence}"
     alive = [g for g in flow.generators if g.silent_s < x.silent_after_s]
@@ -143,6 +184,14 @@ def _upstream(e: Evidence, flow: Flow) -> tuple[Hop, str]:
     if flow.prompts:
         return Hop.GENERATORS, f"generators not keeping up: {evidence}"
     return Hop.REWARD, f"reward replicas not keeping up: {evidence}"
+
+
+def _evidence(e: Evidence, flow: Flow) -> str:
+    x = e.expected
+    waited = _s(e.waited_s) if e.waited_s >= e.stepless_s - 1 else \
+        f"{_s(e.waited_s)} (no step for {_s(e.stepless_s)})"
+    return (f"waiting {waited} for scored groups: prompts queued {flow.prompts}, rollouts {flow.rollouts}, "
+            f"scored {flow.scored}; {_generators(flow, x)}{_rewards(flow, x)}")
 
 
 def _stuck(replicas: Sequence[Replica], silent_after_s: float) -> list[Replica]:

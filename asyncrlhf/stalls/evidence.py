@@ -1,5 +1,6 @@
 """What Redis shows of a run, read for a stall diagnosis: the streams' backlogs, each generator's last
-registry heartbeat, and the entries each replica holds (delivered, not acked) with its idle time.
+registry heartbeat, the entries each replica holds (delivered, not acked) with its idle time, and how far
+the learner has read the scored stream.
 
 Read with a client that gives up within seconds (`asyncrlhf.streams.connect(..., timeout_s=...)`): a Redis
 that does not answer is itself the evidence, and whoever asks must not hang with the services.
@@ -14,7 +15,15 @@ import redis
 
 from asyncrlhf.registry import Member, Registry
 from asyncrlhf.stalls.diagnosis import Flow, Replica
-from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, REWARD_GROUP, ROLLOUTS, SCORED, RunStreams
+from asyncrlhf.streams import (
+    GENERATOR_GROUP,
+    LEARNER_GROUP,
+    PROMPTS,
+    REWARD_GROUP,
+    ROLLOUTS,
+    SCORED,
+    RunStreams,
+)
 
 FORGET_AFTER_S = 600.0  # a generator gone this long (a restarted one has a new id) is no longer listed
 
@@ -58,10 +67,23 @@ class FlowProbe:
         rewards = tuple(Replica(name, idle, held)
                         for name, (held, idle) in sorted(self._holding(ROLLOUTS.name, REWARD_GROUP).items()))
         return Flow(self._length(PROMPTS.name), self._length(ROLLOUTS.name), self._length(SCORED.name),
-                    generators, rewards)
+                    generators, rewards, self._read_position(SCORED.name, LEARNER_GROUP))
 
     def _length(self, stream: str) -> int:
         return int(self.client.xlen(self.streams.key(stream)))  # type: ignore[arg-type]  # an int, not awaitable
+
+    def _read_position(self, stream: str, group: str) -> str | None:
+        """The last entry id `group` has read from `stream` (None: no such group yet)."""
+        try:
+            groups = self.client.xinfo_groups(self.streams.key(stream))
+        except redis.ResponseError:  # no such stream yet
+            return None
+        for g in groups:  # type: ignore[union-attr]  # redis-py types replies as optional
+            name = g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+            if name == group:
+                last = g["last-delivered-id"]
+                return last.decode() if isinstance(last, bytes) else str(last)
+        return None
 
     def _holding(self, stream: str, group: str) -> dict[str, tuple[int, float]]:
         """Each consumer of `group`: (entries delivered to it and not acked, seconds since it last read)."""

@@ -1,7 +1,9 @@
 """The stall monitor that the learner (a thread beside its loop) and `asyncrlhf up` (its progress loop)
 both run: asked about once a second how long the learner has gone without a step, it gathers the evidence
-(Redis, and what the caller knows), judges it (`diagnose`) and says so: once when a stall begins or moves to
-another hop, again every `launch.stall_after_s` while it lasts, and once when the learner steps again.
+(Redis, and what the caller knows), judges it (`diagnose`) and says so: once when a stall begins, moves to
+another hop or starts recovering, again every `launch.stall_after_s` while it lasts, and once when the
+learner steps again. It keeps the stall's `Cause` between checks, so a cleared cause stays named while the
+pipeline recovers (`diagnosis`).
 
 `asyncrlhf up` also tells it which running processes do not answer /metrics: one silent for
 `launch.stall_after_s` is named at once, stall or not (a frozen replica among several may only slow the run
@@ -16,7 +18,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from asyncrlhf.config import Config
-from asyncrlhf.stalls.diagnosis import Evidence, Expected, Stall, diagnose
+from asyncrlhf.stalls.diagnosis import Cause, Evidence, Expected, Flow, Stall, diagnose
 from asyncrlhf.stalls.evidence import FlowProbe
 from asyncrlhf.stalls.waiting import Waiting
 from asyncrlhf.streams import connect
@@ -37,6 +39,7 @@ class StallMonitor:
         self.expected = Expected(cfg.generator.replicas, cfg.reward.replicas, silent_after_s(cfg))
         self.probe, self.say, self.clock = probe, say, clock
         self.stall: Stall | None = None
+        self.cause: Cause | None = None
         self._said_at = 0.0
         self._silent: set[str] = set()  # processes said not to answer
 
@@ -47,9 +50,11 @@ class StallMonitor:
         return cls(cfg, FlowProbe(client, cfg.run.name), say)
 
     def check(self, stepless_s: float, waiting: Waiting | None, learner_silent_s: float | None = None,
-              silent_services: Sequence[tuple[str, float]] = ()) -> Stall | None:
-        """The stall now, if any. `waiting`: the learner's wait; `learner_silent_s`, `silent_services`: what
-        only `asyncrlhf up` sees (the learner's metrics endpoint, or others', not answering)."""
+              silent_services: Sequence[tuple[str, float]] = (), not_starting: Sequence[str] = ()
+              ) -> Stall | None:
+        """The stall now, if any. `waiting`: the learner's wait; `learner_silent_s`, `silent_services`,
+        `not_starting`: what only `asyncrlhf up` sees (the learner's metrics endpoint, or others', not
+        answering; processes that exited before they answered, each with why)."""
         self._notice(silent_services)
         redis_silent = self.probe.redis_silent_s()
         if stepless_s < self.stall_after_s:
@@ -65,11 +70,21 @@ class StallMonitor:
         evidence = Evidence(stepless_s, self.expected,
                             waiting.on if waiting else None, waiting.seconds(now) if waiting else 0.0,
                             waiting.detail if waiting else "", redis_silent, flow, learner_silent_s,
-                            tuple(silent_services))
+                            tuple(silent_services), tuple(not_starting), self.cause)
         stall = diagnose(evidence, self.stall_after_s)
         if stall is not None:
+            self._follow(stall, flow)
             self._announce(stall)
         return stall
+
+    def _follow(self, stall: Stall, flow: Flow | None) -> None:
+        """Keep the stall's cause: the hop it was last judged at on its own evidence, with the learner's read
+        position then; while recovering, the first position known after the cause cleared."""
+        read = flow.learner_read if flow is not None else None
+        if not stall.recovering:
+            self.cause = Cause(stall.hop, stall.message, read)
+        elif self.cause is not None and self.cause.learner_read is None:
+            self.cause = Cause(self.cause.hop, self.cause.message, read)
 
     def _notice(self, silent_services: Sequence[tuple[str, float]]) -> None:
         silent = {name: s for name, s in silent_services if s >= self.stall_after_s}
@@ -80,7 +95,8 @@ class StallMonitor:
         self._silent = set(silent)
 
     def _announce(self, stall: Stall) -> None:
-        moved = self.stall is None or stall.hop is not self.stall.hop
+        last = self.stall
+        moved = last is None or stall.hop is not last.hop or stall.recovering != last.recovering
         if moved or self.clock() - self._said_at >= self.stall_after_s:
             self.say(f"stalled at {stall.hop}: {stall.message}")
             self._said_at = self.clock()
@@ -91,3 +107,4 @@ class StallMonitor:
             self.say(f"stall over: the learner steps again (stalled at {self.stall.hop} for at least "
                      f"{self.stall.stepless_s:.0f} s)")
             self.stall = None
+        self.cause = None

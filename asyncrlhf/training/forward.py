@@ -6,6 +6,7 @@ tokens) and in what they compute on (padding included, or real tokens only).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,6 +18,8 @@ from asyncrlhf.models import per_token_scores
 from asyncrlhf.training import varlen
 from asyncrlhf.training.batch import SequenceBatch
 from asyncrlhf.training.packing import PackedRow, pack, plan, row_tokens
+
+log = logging.getLogger("asyncrlhf.learner")
 
 
 @dataclass
@@ -38,6 +41,10 @@ class Positions:
 def padded_share(batch: SequenceBatch) -> float:
     """The share of padding in `batch`'s padded layout: what a padded step computes on."""
     return 1.0 - float(batch.attention_mask.sum()) / max(1, batch.input_ids.numel())
+
+
+class PackingError(RuntimeError):
+    """A model whose attention a packed row cannot reproduce."""
 
 
 class Forward(Protocol):
@@ -95,6 +102,7 @@ class Packed:
 
     def __init__(self, budget: int, attention: str = "varlen"):
         self.budget, self.attention, self.positions = budget, attention, Positions()
+        self._told_window = False
 
     def logps(self, model, micro: SequenceBatch, temperature: float) -> torch.Tensor:
         row = pack(micro)
@@ -107,13 +115,25 @@ class Packed:
     def values(self, scorer, micro: SequenceBatch) -> torch.Tensor:
         row = pack(micro)
         self.positions.add(micro, row.length)
-        values = per_token_scores(scorer, row.input_ids, row.attention_mask(scorer.dtype), row.position_ids)
+        values = per_token_scores(scorer, row.input_ids, position_ids=row.position_ids,
+                                  **self._attention(scorer, row))
         return row.scatter(values[0, row.predict_at].float(), micro.mask.shape) * micro.mask
 
     def _attention(self, model, row: PackedRow) -> dict:
-        """How the row's samples are kept apart: their boundaries (varlen) or the block-diagonal mask."""
-        if self.attention == "varlen" and varlen.enable(model):
+        """How the row's samples are kept apart: their boundaries (varlen) or the block-diagonal mask. A model
+        with sliding-window layers takes varlen where it can, `mask` or not: transformers gives every layer a
+        4D mask as it is, so the mask would drop the window."""
+        windowed = varlen.windowed(model)
+        if (self.attention == "varlen" or windowed) and varlen.enable(model):
+            if windowed and self.attention == "mask" and not self._told_window:
+                log.warning("learner.pack_attention=mask: this model has sliding-window layers, which one 4D "
+                            "mask cannot give; its packed rows take varlen attention")
+                self._told_window = True
             return varlen.boundaries(row.lengths(), row.input_ids.device)
+        if windowed:
+            raise PackingError("this model has sliding-window layers and its attention is outside "
+                               "transformers' attention interface, so a packed row cannot keep the window; "
+                               "set learner.packing=false")
         return {"attention_mask": row.attention_mask(model.dtype)}
 
     def frozen_micros(self, rows: SequenceBatch) -> list[torch.Tensor]:

@@ -21,6 +21,12 @@ The membership of a group is fixed: the learner builds a new group when the roun
 group it keeps (a generator joining late; one that died), so a missing member costs one abandoned round and
 never a hung learner: collective ops time out (`timeout_ms`), and a group whose op failed is dropped.
 
+A failed or timed-out op raises a `RuntimeError` in the thread that waits on it, at both ends, and never takes
+the process down: gloo raises by itself; an NCCL group is built with blocking waits (`NCCL_RAISES`), so
+torch's watchdog thread, which by default tears the whole process down on a timed-out collective
+(`TORCH_NCCL_ASYNC_ERROR_HANDLING=3`), is never started for it, and `Work.wait` blocks until the op ends or
+the group's timeout passes, then aborts the communicator and raises `DistBackendError` (a `RuntimeError`).
+
 Trust: the store and gloo's connections carry no token and no TLS (as torch.distributed everywhere): the
 route is for the cluster's own network, and is not offered beside a TLS WeightSync. What a member receives is
 checked against the checksums that came over the authenticated gRPC call.
@@ -29,7 +35,10 @@ checked against the checksums that came over the authenticated gRPC call.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +50,12 @@ GLOO, NCCL = "gloo", "nccl"
 JOIN_TIMEOUT_S = 10.0  # every member of a round says it is here within this long, or the round is abandoned
 GO, ABANDONED = "1", "0"  # the learner's verdict on a round (the store gives it back as bytes)
 IN_FLIGHT = 2  # buckets in flight at once: one packed (or read) while the other is broadcast
+# What makes an NCCL weight group's errors raise (see the module). ProcessGroupNCCL reads both in its
+# constructor, for that group alone, so they are set only while one is built: DeepSpeed's groups in the
+# learner and vLLM's in an engine keep torch's defaults. Blocking waits start no watchdog; clean-up-only
+# error handling is what a watchdog would do if a torch version started one anyway (abort, never tear down).
+NCCL_RAISES = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+_environ_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -121,8 +136,25 @@ def process_group(backend: str, store: Store, rank: int, world_size: int, timeou
     if backend == NCCL:
         options = c10d.ProcessGroupNCCL.Options()
         options._timeout = timeout  # noqa: SLF001  # torch's only way to set it (vLLM sets it so too)
-        return c10d.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        with environment(NCCL_RAISES):
+            return c10d.ProcessGroupNCCL(prefixed, rank, world_size, options)
     return c10d.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+
+
+@contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in the process environment while the block runs; each variable as it was after."""
+    with _environ_lock:
+        before = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def broadcast(group, bucket: torch.Tensor):

@@ -218,6 +218,8 @@ class WeightReceiver:
             raise PushRejected(Reason.MISSING_TENSORS,
                                f"{len(missing)} live tensors not sent (e.g. `{example}`); mark the commit "
                                "partial to update only some")
+        for holder in {id(s.holder): s.holder for s in done if isinstance(s, Elsewhere)}.values():
+            holder.arrived()
         start = time.perf_counter()
         replaced = self.target.apply_weights(staged, version, adopt=True) or {}
         here = [s for s in done if not isinstance(s, Elsewhere)]

@@ -93,6 +93,11 @@ class Holder(Protocol):
 
     def describe(self, header: pb.WeightChunk) -> None: ...
 
+    def arrived(self) -> None:
+        """Wait until it holds every byte of the push (raises `PushRejected`): the receiver asks at the
+        commit, before the target takes its backend, so the swap waits on the load alone, not on the
+        transport."""
+
 
 class Payload(Protocol):
     """The bytes of one tensor message, wherever its route put them."""

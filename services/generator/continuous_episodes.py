@@ -52,6 +52,9 @@ class ContinuousEpisodeLoop(ContinuousLoop):
         finally:
             self.episodes.close()
 
+    def close(self) -> None:
+        self.envs.close()  # an MCP server's process ends with its session
+
     def step(self) -> int:
         self.episodes.settle(SETTLE_S)  # outside the gate: a push never waits on an environment
         written = super().step()

@@ -45,6 +45,9 @@ class EpisodeLoop(GeneratorLoop):
         limits = episode_limits(cfg, cfg.generator.sampling.max_new_tokens)
         self.runner = EpisodeRunner(tokenizer, self.envs, limits, cfg.model.system_prompt or "")
 
+    def close(self) -> None:
+        self.envs.close()  # an MCP server's process ends with its session
+
     def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
         work = self._admit(deliveries)
         if not work:

@@ -83,6 +83,9 @@ class GeneratorLoop:
         while not stop.is_set():
             self.step()
 
+    def close(self) -> None:
+        """Release what the loop holds beyond the service (episode loops: their environments)."""
+
     def step(self) -> int:
         """One read-generate-write round; returns the groups written (0 when idle)."""
         self._update_pending()

@@ -22,6 +22,7 @@ from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
+from asyncrlhf.streams.holding import PendingHolder
 from asyncrlhf.weights.engine_member import EngineMember
 from services.generator.continuous import ContinuousLoop
 from services.generator.continuous_episodes import ContinuousEpisodeLoop
@@ -79,9 +80,10 @@ class GeneratorService:
         self.cores = CoreShare.from_env(self.id)
         if self.cores and isinstance(self.backend, HFBackend):  # cores move between decoding steps
             self.backend.step_hook = self.cores.adjust
-        self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce)
-        io = PromptIO(self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id),
-                      self.streams.producer(ROLLOUTS),
+        prompts = self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id)
+        self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce,
+                               pending=PendingHolder(prompts, cfg.redis.claim_idle_ms))
+        io = PromptIO(prompts, self.streams.producer(ROLLOUTS),
                       pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
                       handon=self.streams.producer(PROMPTS), partials=self.streams.partials())
         self.mode = effective_mode(cfg, self.backend)
@@ -133,6 +135,7 @@ class GeneratorService:
             self.weight_sync.stop()
         if self.http is not None:
             self.http.stop()
+        self.loop.close()
 
     def _announce(self, version: int) -> None:
         """Tell the registry about a new version at once rather than at the next beat."""

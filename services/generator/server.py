@@ -8,6 +8,7 @@ lineage together), all before the pusher gets its reply.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.sampling import Backend
 from asyncrlhf.service import check_bind
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.streams.holding import PendingHolder
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ServerAccess
 from asyncrlhf.weights.channel import DataListener
@@ -38,11 +40,14 @@ _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 class WeightSwap:
-    """The generator's `WeightTarget`: the backend's, applied between generation batches and counted."""
+    """The generator's `WeightTarget`: the backend's, applied between generation batches and counted. While a
+    swap waits for the gate and holds it, the loop waits: `pending` holds the loop's groups meanwhile."""
 
     def __init__(self, backend: Backend, gate: BackendGate, metrics: GeneratorMetrics,
-                 on_applied: Callable[[int], None] = lambda version: None):
+                 on_applied: Callable[[int], None] = lambda version: None,
+                 pending: PendingHolder | None = None):
         self.backend, self.gate, self.metrics, self.on_applied = backend, gate, metrics, on_applied
+        self.pending = pending
         self.arrived = threading.Event()  # set once the first version is live
         self.served = NO_VERSION  # changes with the backend's weights, under the gate
 
@@ -58,7 +63,8 @@ class WeightSwap:
         self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> Mapping[str, torch.Tensor] | None:
         start = time.perf_counter()
-        with self.gate.swapping():  # torch work on a thread that exits: see `on_fresh_thread`
+        held = self.pending.held() if self.pending is not None else contextlib.nullcontext()
+        with held, self.gate.swapping():  # torch work on a thread that exits: see `on_fresh_thread`
             replaced = on_fresh_thread(lambda: self.backend.apply_weights(tensors, version, adopt=adopt))
             self.served = version
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)

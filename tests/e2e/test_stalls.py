@@ -1,7 +1,8 @@
 """Stalls name their cause: one `asyncrlhf up` run on configs/tiny.yaml (two generators, two reward
 replicas) in which each service is frozen in turn with SIGSTOP (alive, sockets open, no progress: the silent
 case a SIGKILL test never sees): the learner, one generator, all generators, one reward replica, Redis. Each
-must be named by `up` within the bound, and the learner must step again after SIGCONT.
+must be named by `up` within the bound, and the learner must step again after SIGCONT; after Redis resumes,
+the stall stays Redis's until the learner steps (no other hop is blamed while the backlog drains).
 
 The bound: `launch.stall_after_s` (the learner's last step came before the freeze, so a stall it causes is
 judged that long after at most), plus the time to see it: one progress period, a 2 s scrape per frozen
@@ -110,8 +111,10 @@ def names_replica(name: str, pid: int) -> Callable[[str], bool]:
         f"{name} alive but not answering" in line or ("stalled at" in line and bool(by_id.search(line))))
 
 
-def freeze(up: Up, what: str, pids: list[int], matches: Callable[[str], bool], record: list[str]) -> None:
-    """SIGSTOP `pids`, wait for `up` to name it, SIGCONT, and wait for the learner to step again."""
+def freeze(up: Up, what: str, pids: list[int], matches: Callable[[str], bool],
+           record: list[str]) -> list[str]:
+    """SIGSTOP `pids`, wait for `up` to name it, SIGCONT, and wait for the learner to step again; the stalls
+    `up` said from the SIGCONT until then."""
     up.wait_steps(1, RECOVER_S)  # a step just happened: the freeze starts from a live run
     up.poll_lines()  # what was said before the freeze is stamped before it
     frozen_at = time.monotonic()
@@ -130,6 +133,7 @@ def freeze(up: Up, what: str, pids: list[int], matches: Callable[[str], bool], r
     record += [f"    +{t - frozen_at:.1f} s {said}" for t, said in up.lines
                if frozen_at <= t <= thawed_at + recovered and said.startswith("asyncrlhf up: ")]
     assert delay <= BOUND_S, summary
+    return [said for t, said in up.lines if thawed_at <= t <= thawed_at + recovered and "stalled at" in said]
 
 
 def test_each_frozen_service_is_named_within_the_bound_and_the_run_recovers(tmp_path):
@@ -152,8 +156,10 @@ def test_each_frozen_service_is_named_within_the_bound_and_the_run_recovers(tmp_
         assert len(rewards) == 2, up.tail()
         freeze(up, f"one reward replica ({process_name(rewards[0])})", rewards[:1],
                names_replica(process_name(rewards[0]), rewards[0]), record)
-        freeze(up, "Redis", up.pids("redis"), lambda line: "stalled at redis: Redis not answering" in line,
-               record)
+        draining = freeze(up, "Redis", up.pids("redis"),
+                          lambda line: "stalled at redis: Redis not answering" in line, record)
+        # resumed: until the learner steps, the stall stays Redis's, never another hop's while it drains
+        assert all(line.startswith("asyncrlhf up: stalled at redis: ") for line in draining), draining
     finally:
         up.stop()
         record.append(f"the whole test took {time.monotonic() - started:.0f} s; the learner's log said:")

@@ -1,4 +1,5 @@
-"""WeightSync into a generator in this process: a push lands between batches and replies once applied."""
+"""WeightSync into a generator in this process: a push lands between batches and replies once applied; the
+generator's groups stay its own while a long push holds its backend."""
 
 import socket
 import threading
@@ -7,10 +8,13 @@ import pytest
 import torch
 
 from asyncrlhf import metrics as names
+from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import HFBackend
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, RunStreams
+from asyncrlhf.streams.holding import PendingHolder
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.vocabulary import Reason, Route
@@ -96,3 +100,44 @@ def test_a_learner_with_the_collective_route_broadcasts_to_a_generator_that_offe
         assert all(torch.equal(live[name], tensor) for name, tensor in new.items())
     finally:
         server.stop()
+
+
+class SlowLoad(HFBackend):
+    """The tiny HF backend whose load waits until `loaded` is set: a push that holds the gate as long as a
+    long broadcast or a large model's reload does."""
+
+    loaded = threading.Event()
+
+    def apply_weights(self, tensors, version, *, adopt=False):
+        assert self.loaded.wait(WAIT_S), "the test never let the load end"
+        return super().apply_weights(tensors, version, adopt=adopt)
+
+
+def test_a_push_longer_than_claim_idle_ms_keeps_the_generators_groups_from_being_reclaimed(redis_client,
+                                                                                             run_name):
+    """The loop waits while a push holds its backend and cannot hold its groups itself: the swap holds every
+    entry pending to it meanwhile, so another generator's XAUTOCLAIM, past `claim_idle_ms` on the clock,
+    takes none (without the swap's holds the entries' idle time passes it: they would be taken)."""
+    idle_ms = 1000
+    cfg = load_config(["configs/tiny.yaml"], ["generator.device=cpu", f"redis.claim_idle_ms={idle_ms}",
+                                              f"run.name={run_name}"])
+    streams = RunStreams(redis_client, run_name, cfg.redis)
+    streams.producer(PROMPTS).add_many(
+        [PromptGroup(group_id=f"g{i}", prompt_token_ids=[1, 2, i], k=2) for i in range(3)])
+    ours = streams.consumer(PROMPTS, GENERATOR_GROUP, "gen-a")
+    assert len(ours.read(3, block_ms=0)) == 3  # in flight in gen-a's engine
+    backend = SlowLoad.from_config(cfg, load_tokenizer(cfg.model))
+    swap = WeightSwap(backend, BackendGate(), GeneratorMetrics("gen-a"), pending=PendingHolder(ours, idle_ms))
+    new = perturbed_state_dict(load_policy(cfg.model), seed=9)
+    push = threading.Thread(target=swap.apply_weights, args=(new, PolicyVersion(1, 1)))
+    push.start()
+    try:
+        threading.Event().wait(3 * idle_ms / 1000)  # the push holds the gate three claim_idle_ms long
+        taken = redis_client.xautoclaim(ours.key, GENERATOR_GROUP, "gen-b", idle_ms, justid=True)
+        assert taken == []
+    finally:
+        SlowLoad.loaded.set()
+        push.join(WAIT_S)
+    assert backend.version == 1
+    pending = redis_client.xpending_range(ours.key, GENERATOR_GROUP, "-", "+", 10)
+    assert {p["consumer"] for p in pending} == {b"gen-a"} and len(pending) == 3

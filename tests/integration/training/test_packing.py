@@ -9,7 +9,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model
 from asyncrlhf.training import engine, varlen
 from asyncrlhf.training.batch import build_batch
-from asyncrlhf.training.forward import Packed
+from asyncrlhf.training.forward import Packed, Padded
 from asyncrlhf.training.objectives import make_objective
 from asyncrlhf.training.packing import pack
 from asyncrlhf.training.policies import LearnerModels
@@ -143,3 +143,52 @@ def test_a_model_switched_to_varlen_attention_still_runs_padded_rows_with_their_
 
 def test_a_model_outside_the_attention_interface_takes_the_mask():
     assert not varlen.enable(torch.nn.Linear(2, 2))
+
+
+def _tiny(architecture: str):
+    """A tiny random model of `architecture` whose attention is more than causal: a sliding window of 3 tokens
+    (shorter than every sample here) on all layers (Mistral) or every other one (Gemma 2, gpt-oss), Gemma 2's
+    softcaps on attention scores and final logits, gpt-oss's attention sinks (drawn away from 0, so they
+    matter)."""
+    from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        GptOssConfig,
+        GptOssForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+    )
+
+    shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3)
+    torch.manual_seed(0)
+    if architecture == "mistral":
+        return MistralForCausalLM(MistralConfig(**shape)).eval()
+    if architecture == "gemma2":
+        softcaps = dict(attn_logit_softcapping=1.0, final_logit_softcapping=2.0)
+        return Gemma2ForCausalLM(Gemma2Config(**shape, **softcaps, query_pre_attn_scalar=8)).eval()
+    model = GptOssForCausalLM(GptOssConfig(**shape, num_local_experts=2, num_experts_per_tok=1)).eval()
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.sinks, std=1.0)
+    return model
+
+
+@pytest.mark.parametrize("architecture", ["mistral", "gemma2", "gpt_oss"])
+def test_packed_log_probs_keep_sliding_windows_softcaps_and_attention_sinks(architecture):
+    """Packed log-probs equal the padded path's (the model's own attention: SDPA for Mistral, eager for the
+    others) on both attention paths; a model switched to varlen still runs padded rows as before (Gemma 2's
+    softcap made the switched model refuse them)."""
+    model = _tiny(architecture)
+    batch = build_batch(train_groups(scored_groups(3, 2, seed=5)), pad_id=0)
+    assert batch.attention_mask.sum(dim=1).min() > 3  # the window cuts into every sample
+
+    def padded():
+        with torch.no_grad():
+            return Padded(8).logps(model, batch, 1.0)
+
+    expected = padded()
+    for attention in ("mask", "varlen"):  # mask first: it must not rely on an earlier switch
+        with torch.no_grad():
+            packed = Packed(10_000, attention).logps(model, batch, 1.0)
+        torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5, msg=attention)
+    torch.testing.assert_close(padded(), expected, atol=1e-5, rtol=1e-5)

@@ -88,7 +88,11 @@ class EngineHeld:
         held = self.member.held(tensors)
         if held is None:
             return self.target.apply_weights(tensors, version, adopt=adopt)
-        taken = self.rounds.take(*held)
+        group, round_id, places = held
+        # the receiver waited for the worker to stage every bucket before it took the target (an engine
+        # is paused for the load alone)
+        assert self.rounds.staged(group, round_id).wait(0), "the round was still arriving at the commit"
+        taken = self.rounds.take(group, round_id, places)
         self.taken += 1
         return self.target.apply_weights(taken, version)  # copied: the stage is reused
 

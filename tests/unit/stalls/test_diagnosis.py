@@ -3,7 +3,7 @@ evidence. No Redis: the evidence is what asyncrlhf.stalls.evidence would have re
 
 import pytest
 
-from asyncrlhf.stalls import Evidence, Flow, Hop, Replica, Wait, diagnose
+from asyncrlhf.stalls import Cause, Evidence, Flow, Hop, Replica, Wait, diagnose
 from asyncrlhf.stalls.diagnosis import Expected
 
 pytestmark = pytest.mark.unit
@@ -122,3 +122,41 @@ def test_processes_not_answering_are_appended_as_evidence():
     e = waiting_for_groups(flow, silent_services=(("generator-1", 8.4),))
     stall = diagnose(e, 10.0)
     assert stall is not None and stall.message.endswith("; not answering /metrics: generator-1 for 8 s")
+
+
+REDIS_CAUSE = Cause(Hop.REDIS, "Redis not answering for 20 s (learner's last step 20 s ago; every service "
+                               "waits on it)", learner_read="1700000000000-3")
+# Redis answers again: a step's worth of groups scored and queued, every replica healthy, the learner not yet
+# back to reading (its client still in its reconnect back-off): on this evidence alone, reward is "slow"
+DRAINING = Flow(prompts=0, rollouts=0, scored=4, generators=HEALTHY_GENERATORS, rewards=HEALTHY_REWARDS,
+                learner_read="1700000000000-3")
+
+
+def test_a_cleared_cause_stays_named_while_the_backlog_drains():
+    alone = diagnose(waiting_for_groups(DRAINING), 5.0)
+    assert alone is not None and alone.hop is Hop.REWARD  # what the issue saw after SIGCONT
+    stall = diagnose(waiting_for_groups(DRAINING, cause=REDIS_CAUSE), 5.0)
+    assert stall is not None and (stall.hop, stall.recovering) == (Hop.REDIS, True)
+    assert stall.message == (
+        "recovering from: Redis not answering for 20 s (learner's last step 20 s ago; every service waits on "
+        "it); the pipeline has not moved since (the learner has read no scored group): waiting 75 s for "
+        "scored groups: prompts queued 0, rollouts 0, scored 4; generators alive 2 of 2")
+    # the cause was judged while Redis was silent (no read position known): the first one read counts
+    unknown = Cause(Hop.REDIS, REDIS_CAUSE.message, learner_read=None)
+    assert diagnose(waiting_for_groups(DRAINING, cause=unknown), 5.0).hop is Hop.REDIS  # type: ignore[union-attr]
+
+
+def test_a_cleared_cause_gives_way_once_the_learner_reads_again():
+    moved = Flow(0, 0, 2, HEALTHY_GENERATORS, HEALTHY_REWARDS, learner_read="1700000000000-5")
+    stall = diagnose(waiting_for_groups(moved, cause=REDIS_CAUSE), 5.0)
+    assert stall is not None and (stall.hop, stall.recovering) == (Hop.REWARD, False)
+    assert stall.message.startswith("reward replicas not keeping up: ")
+
+
+def test_a_cause_upstream_of_the_earlier_one_is_named_at_once():
+    earlier = Cause(Hop.REWARD, "reward replicas not keeping up: ...", learner_read="1700000000000-3")
+    stall = diagnose(waiting_for_groups(None, redis_silent_s=9.0, cause=earlier), 5.0)
+    assert stall is not None and (stall.hop, stall.recovering) == (Hop.REDIS, False)
+    generators_died = Flow(12, 0, 0, (Replica("gen-a", 80.0, holding=4),), HEALTHY_REWARDS, "1700000000000-3")
+    stall = diagnose(waiting_for_groups(generators_died, cause=earlier), 5.0)
+    assert stall is not None and stall.hop is Hop.GENERATORS

@@ -87,3 +87,31 @@ def test_a_process_that_stops_answering_is_named_stall_or_not_and_again_when_it_
     assert said == ["reward-1 alive but not answering /metrics for 10 s (frozen or hung?)"]
     m.check(4.0, None)
     assert said[-1] == "reward-1 answers /metrics again"
+
+
+def test_redis_frozen_then_resumed_is_not_blamed_on_reward_while_the_backlog_drains():
+    """The issue's run: Redis frozen past stall_after_s, then resumed with a step's worth of groups scored
+    and queued while the learner's client is still in its back-off: the stall stays at Redis, said at once
+    as recovering, until the learner reads again; only then is the evidence judged afresh."""
+    m, clock, said = monitor(stall_after_s=5.0)
+    waiting = Waiting(Wait.SCORED_GROUPS, 0.0)
+    healthy = (Replica("gen-a", 1.0), Replica("gen-b", 1.0))
+    m.probe.flow_now = Flow(0, 0, 4, healthy, (Replica("reward-1", 0.2),), learner_read="9-0")
+    m.probe.answers = False
+    for t in (5.0, 8.0, 20.0):  # frozen: named at once, repeated every stall_after_s
+        clock.now = t
+        assert m.check(t, waiting).hop is Hop.REDIS  # type: ignore[union-attr]
+    m.probe.answers = True  # SIGCONT
+    for t in (21.0, 25.0, 38.0):
+        clock.now = t
+        stall = m.check(t, waiting)
+        assert stall is not None and (stall.hop, stall.recovering) == (Hop.REDIS, True)
+    assert [line.split(":")[0] for line in said] == ["stalled at redis"] * len(said)
+    assert said[-1].startswith("stalled at redis: recovering from: Redis not answering for 20 s")
+    assert not any("reward" in line for line in said)
+    m.probe.flow_now = Flow(0, 0, 0, healthy, (Replica("reward-1", 0.2),), learner_read="9-4")  # read
+    clock.now = 39.0
+    assert m.check(39.0, waiting).hop is Hop.PROMPTS  # type: ignore[union-attr]  # judged afresh
+    clock.now = 40.0
+    m.check(1.0, waiting)
+    assert said[-1].startswith("stall over: the learner steps again (stalled at prompts") and m.cause is None
