@@ -145,7 +145,7 @@ class Launcher:
         (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        problem = prepare_model(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
+        problem = prepare_models(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
         if problem is not None:
             print(f"asyncrlhf up: {problem}", file=sys.stderr)
             return 2
@@ -332,15 +332,19 @@ def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequenc
                          [(name, seconds) for name, seconds in silent if seconds is not None])
 
 
-def prepare_model(cfg: Config, files: Sequence[str]) -> str | None:
-    """Find the model the services start from (a GGUF converted once here, so the services do not all
-    convert it at the same time); why it cannot be used, or None."""
+def prepare_models(cfg: Config, files: Sequence[str]) -> str | None:
+    """Find every model the services start from (a GGUF converted once, a hub model fetched once, here,
+    so the services do not all do it at the same time); why one cannot be used, naming its key, or None."""
     from asyncrlhf.model_sources import ModelLoadError, resolve_model_dir  # torch: imported only here
+    from asyncrlhf.run_models import run_models
 
-    try:
-        resolve_model_dir(cfg.model)
-    except ModelLoadError as err:
-        return warm_start_missing(cfg, files) or str(err)
+    for found in run_models(cfg):
+        try:
+            resolve_model_dir(found.model)
+        except ModelLoadError as err:
+            if found.key == "model.name_or_path":
+                return warm_start_missing(cfg, files) or str(err)
+            return f"{found.key}: {err}"
     return None
 
 

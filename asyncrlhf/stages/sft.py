@@ -46,7 +46,7 @@ DATA_FILE = "sft_data.jsonl"
 def gold_scorer(cfg: Config):
     """The gold reward alone (no proxy scorers, no missing-EOS penalty)."""
     return build_reward(
-        cfg.reward.model_copy(update={"scorers": [cfg.evaluator.gold], "missing_eos_penalty": None})
+        cfg.reward.model_copy(update={"scorers": [cfg.evaluator.gold], "missing_eos_penalty": None}), cfg.model
     )
 
 
