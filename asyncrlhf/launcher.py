@@ -25,6 +25,7 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
+from asyncrlhf.prestart import plan_refusal, prepare_models
 from asyncrlhf.progress import Progress, RunState
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
@@ -145,7 +146,8 @@ class Launcher:
         (run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        problem = prepare_models(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
+        # before Redis starts: on a refusal nothing runs
+        problem = prepare_models(self.cfg, self.files) or plan_refusal(self.cfg, self.files)
         if problem is not None:
             print(f"asyncrlhf up: {problem}", file=sys.stderr)
             return 2
@@ -330,38 +332,6 @@ def judge_stall(monitor: StallMonitor | None, state: RunState, services: Sequenc
     learner_silent = state.silent_s(learner.name, starting=True) if learner in running else None
     return monitor.check(state.stepless_s(), state.waiting.get(learner.name), learner_silent,
                          [(name, seconds) for name, seconds in silent if seconds is not None])
-
-
-def prepare_models(cfg: Config, files: Sequence[str]) -> str | None:
-    """Find every model the services start from (a GGUF converted once, a hub model fetched once, here,
-    so the services do not all do it at the same time); why one cannot be used, naming its key, or None."""
-    from asyncrlhf.model_sources import ModelLoadError, resolve_model_dir  # torch: imported only here
-    from asyncrlhf.run_models import run_models
-
-    for found in run_models(cfg):
-        try:
-            resolve_model_dir(found.model)
-        except ModelLoadError as err:
-            if found.key == "model.name_or_path":
-                return warm_start_missing(cfg, files) or str(err)
-            return f"{found.key}: {err}"
-    return None
-
-
-def warm_start_missing(cfg: Config, files: Sequence[str]) -> str | None:
-    """What to do when the model `up` starts from is this config's own SFT output (`sft.output`, a warm
-    start such as configs/tools_calculator.yaml) and `asyncrlhf sft` has not written it yet; None when the
-    model is something else."""
-    from asyncrlhf.stages.common import run_path  # where `asyncrlhf sft` writes it
-
-    model = Path(cfg.model.name_or_path).expanduser()
-    output = run_path(cfg, cfg.sft.output)
-    if model.exists() or model.resolve() != output.resolve():
-        return None
-    config = " ".join(files) or "CONFIG.yaml"
-    return (f"model.name_or_path {model} is this config's SFT warm start (sft.output) and has not been "
-            f"written yet: run `asyncrlhf sft {config}` first (it trains it from "
-            f"{cfg.sft.base or cfg.model.name_or_path}), then `asyncrlhf up` again")
 
 
 def print_report(run_dir: Path) -> None:

@@ -145,7 +145,8 @@ def encode_prompts(
 # Models
 
 
-def _tiny_llama_config(cfg: ModelConfig, **extra):
+def tiny_llama_config(cfg: ModelConfig, **extra):
+    """The `tiny` preset's architecture (`model.tiny`)."""
     from transformers import LlamaConfig
 
     tiny = cfg.tiny
@@ -187,7 +188,7 @@ def load_policy(
     policy: nn.Module
     if directory is None:
         with _seeded(TINY_SEED):
-            policy = LlamaForCausalLM(_tiny_llama_config(cfg))
+            policy = LlamaForCausalLM(tiny_llama_config(cfg))
         # functools.wraps on PreTrainedModel.to hides `self` from mypy (transformers' typing)
         policy = policy.to(_dtype(cfg.dtype))  # type: ignore[arg-type]
     else:
@@ -213,7 +214,7 @@ def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> PreTra
     if directory is None:
         with _seeded(TINY_SEED):
             lm = load_policy(cfg)
-            scorer = LlamaForSequenceClassification(_tiny_llama_config(cfg, num_labels=1))
+            scorer = LlamaForSequenceClassification(tiny_llama_config(cfg, num_labels=1))
         scorer.model.load_state_dict(lm.get_submodule("model").state_dict())
         # functools.wraps on PreTrainedModel.to hides `self` from mypy (transformers' typing)
         return scorer.to(_dtype(cfg.dtype)).to(resolve_device(device))  # type: ignore[arg-type]

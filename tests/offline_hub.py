@@ -1,7 +1,7 @@
-"""An offline Hugging Face hub for tests: a cache laid out as the hub's clients leave it after a first download,
-holding tiny stand-ins under real ids. With `HF_HOME` pointing at it and `HF_HUB_OFFLINE=1` (`environment`),
-transformers, huggingface_hub and datasets resolve those ids, at a branch or a pinned commit, exactly as on a
-machine that downloaded them once and went offline.
+"""An offline Hugging Face hub for tests: a cache laid out as the hub's clients leave it after a first
+download, holding tiny stand-ins under real ids. With `HF_HOME` pointing at it and `HF_HUB_OFFLINE=1`
+(`environment`), transformers, huggingface_hub and datasets resolve those ids, at a branch or a pinned
+commit, exactly as on a machine that downloaded them once and went offline.
 
     HF_HOME/hub/models--org--name/     blobs/<sha256>, snapshots/<commit>/<file> -> ../../blobs/<sha256>,
                                        refs/main (the commit)              huggingface_hub's layout
@@ -79,7 +79,8 @@ def save_dataset(home: Path, repo_id: str, subset: str | None, splits: dict[str,
     files = {split: [str(snapshot / config / f"{split}-00000-of-00001.parquet")] for split in splits}
     name = repo_id.split("/")[-1]
     with tempfile.TemporaryDirectory() as staging:
-        builder = Parquet(dataset_name=name, config_name=config, hash=commit, data_files=files, cache_dir=staging)
+        builder = Parquet(dataset_name=name, config_name=config, hash=commit, data_files=files,
+                          cache_dir=staging)
         builder.download_and_prepare()
         # datasets names the cache directory after the repo (`org___name`) and the configuration when it
         # prepares a hub repo; this builder read local files, so its directory is renamed to match

@@ -49,7 +49,8 @@ def check_same_tokenizer(policy: ModelConfig, reward_model: ModelConfig) -> None
         raise ValueError(
             f"learner.ppo.value_init=reward_model: the reward model {reward_model.name_or_path} has another "
             f"tokenizer than the policy {policy.name_or_path} (vocabularies of {len(theirs)} and {len(mine)} "
-            "tokens differ), and the value model reads the policy's token ids; set learner.ppo.value_init=policy")
+            "tokens differ), and the value model reads the policy's token ids; set "
+            "learner.ppo.value_init=policy")
 
 
 def value_source(cfg: Config) -> ModelConfig:

@@ -8,8 +8,9 @@ config starts from (its SFT warm start, its reward model) run first as `asyncrlh
 change (SIZES). The evaluator runs where the gold reward is a model (so the gold loads by hub id too). A
 config that needs CUDA lists, in CPU_SHAPE, exactly the keys its CPU shape overrides and why.
 
-Every run writes under the test's directory (`run.dir`). All configs share the session's Redis (`redis.url`), so no run starts its own. Budget: about 30-40 s a config
-on 2 cores with the HF backend, a minute or two with vLLM's CPU build; the vLLM configs run last (`vllm`).
+Every run writes under the test's directory (`run.dir`). All configs share the session's Redis
+(`redis.url`), so no run starts its own. Budget: about 30-40 s a config on 2 cores with the HF backend, a
+minute or two with vLLM's CPU build; the vLLM configs run last (`vllm`).
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ CHECKS: dict[str, Callable[[Path, dict], None]] = {
 def test_the_config_starts_in_its_real_shape_and_trains_with_a_clean_audit(name, offline_hub, redis_url,
                                                                             tmp_path):
     (tmp_path / "configs").symlink_to(ROOT / "configs")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    paths = [str(ROOT), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
            **{k: v for k, v in offline_hub.items() if k != PACKAGED}}
     config = f"configs/{name}.yaml"
     cfg = load_config([ROOT / config])
