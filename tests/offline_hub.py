@@ -141,3 +141,15 @@ class StandIns:
             model = getattr(transformers, f"{family}{head}")(config)
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
+
+
+HUB_CONFIGS = Path(__file__).parent / "data" / "hub_configs"
+
+
+def save_hub_configs(home: Path) -> None:
+    """The config.json alone of each real model in tests/data/hub_configs (`org--name.json`, as the hub serves
+    it), as `huggingface-cli download ID config.json` leaves the cache: what `asyncrlhf plan` reads of a hub
+    model. The recipes' plans run offline on them at the models' real sizes."""
+    for file in sorted(HUB_CONFIGS.glob("*.json")):
+        repo_id = file.stem.replace("--", "/", 1)
+        save_snapshot(home, repo_id, lambda d, f=file: shutil.copyfile(f, d / "config.json"))

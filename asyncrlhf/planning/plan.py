@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from asyncrlhf.config import Config
 from asyncrlhf.planning import memory as mem
-from asyncrlhf.planning.demands import Demand, _shape, demands
+from asyncrlhf.planning.demands import Demand, _shape, demands, sequence_tokens
 from asyncrlhf.planning.placement import CPU, Placement, Process
+from asyncrlhf.planning.timing import StepFloor, step_floor
 
 
 @dataclass
@@ -21,6 +22,8 @@ class Plan:
     gpu_bytes: int
     processes: list[Process]
     demands: list[Demand]
+    floor: StepFloor
+    total_steps: int
     problems: list[str] = field(default_factory=list)
 
     def used(self) -> dict[str, int]:
@@ -55,9 +58,19 @@ def make_plan(cfg: Config, gpus: int, gpu_bytes: int) -> Plan:
     """Place `cfg`'s processes on `gpus` GPUs of `gpu_bytes` and total what each device holds."""
     placement = Placement(cfg, gpus)
     held = [d for p in placement.processes for d in demands(p, cfg, gpu_bytes)]
-    plan = Plan(gpus, gpu_bytes, placement.processes, held, list(placement.problems))
+    plan = Plan(gpus, gpu_bytes, placement.processes, held, _floor(cfg), cfg.learner.total_steps,
+                list(placement.problems))
     plan.problems += _vllm_share_problems(cfg, plan)
     return plan
+
+
+def _floor(cfg: Config) -> StepFloor:
+    from asyncrlhf.training.objectives import make_objective
+    from asyncrlhf.training.policies import value_source
+
+    objective = make_objective(cfg)
+    value = _shape(value_source(cfg), "score") if objective.needs_values else None
+    return step_floor(cfg, _shape(cfg.model, "causal"), value, objective.needs_reference, sequence_tokens(cfg))
 
 
 def _vllm_share_problems(cfg: Config, plan: Plan) -> list[str]:
@@ -93,4 +106,20 @@ def table(plan: Plan) -> str:
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>5}" for r in rows]
     refusals = plan.refusals()
     verdict = ["fits"] if not refusals else ["does not fit:", *(f"  - {r}" for r in refusals)]
-    return "\n".join([*lines, *verdict])
+    return "\n".join([*lines, timing(plan), *verdict])
+
+
+def timing(plan: Plan) -> str:
+    """The time floor (asyncrlhf/planning/timing.py): the least a step's arithmetic and reads take."""
+    f = plan.floor
+    how = "overlapped" if f.overlapped else "in turn"
+    total = f.step_s * plan.total_steps
+    return (f"time floor on H100-class GPUs (not a measurement: asyncrlhf/planning/timing.py): learner "
+            f"{f.train_s:.2f} s/step, generation {f.generate_s:.2f} s/step, {how}: {plan.total_steps} steps "
+            f"in {duration(total)} or more")
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

@@ -153,13 +153,16 @@ class VLLMBackend:
         kwargs, env = engine_settings(cfg, model_dir)
         os.environ.update(env)  # read by the engine processes vLLM spawns
         Path(env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
-        llm = vllm.LLM(**kwargs)
-        work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
+        # Before the engine: an engine in this process serving a model through vLLM's Transformers backend
+        # (GPT-NeoX, for one) decorates the transformers model class in place, which then builds only inside
+        # a vLLM config context, so the skeleton could no longer be built from it.
         dtype = getattr(torch, kwargs["dtype"])
         skeleton = weight_skeleton(model_dir, dtype, cfg.learner.lora)
         pristine = None
         if cfg.learner.lora.enabled and merges_lora(cfg):
             pristine = pristine_targets(model_dir, skeleton, dtype)
+        llm = vllm.LLM(**kwargs)
+        work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
         local = in_process(cfg, env)
         backend = cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,

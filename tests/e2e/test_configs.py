@@ -50,7 +50,7 @@ CPU_SHAPE: dict[str, dict[str, tuple[str, str]]] = {
         "evaluator.device": ("cpu", "cuda"),
         "generator.grpc_port": ("0", "a fixed port: another run may hold it on a shared CI machine"),
         "generator.vllm.engine_in_process": ("false", "the GPU default (on the CPU it is true): the engine "
-                                             "in a process of its own, its worker in the weight group"),
+                                             "in a process of its own"),
     },
 }
 
@@ -129,19 +129,19 @@ def check_verifiers(run: Path, summary: dict) -> None:
     assert "verifiers environment asyncrlhf.envs.vf_arithmetic loaded (ToolEnv" in log
 
 
-def check_collective_into_the_engine(run: Path, summary: dict) -> None:
-    generator_log = (run / "logs" / "generator-0.log").read_text(errors="replace")
-    assert "weight groups joined by the engine's worker (gloo)" in generator_log
+def check_pushes_reach_the_engine_process(run: Path, summary: dict) -> None:
+    """The 4-GPU node's shape: the engine in a process of its own, each version handed to it in shared
+    memory from the learner's host (the same host), never falling back to the stream."""
     learner_log = (run / "logs" / "learner.log").read_text(errors="replace")
-    assert re.search(r"versions reach \S+ over the collective route from version 1\n", learner_log), \
-        learner_log[-3000:]
-    assert "over the stream route" not in learner_log  # never fell back
+    route = re.search(r"versions reach \S+ over the shm route from version 1\n", learner_log)
+    assert route, learner_log[-3000:]
+    assert "over the stream route" not in learner_log
 
 
 # What a config is for, checked on its run besides the steps and the audit.
 CHECKS: dict[str, Callable[[Path, dict], None]] = {
     "verifiers_arithmetic": check_verifiers,
-    "node4gpu": check_collective_into_the_engine,
+    "node4gpu": check_pushes_reach_the_engine_process,
 }
 
 

@@ -65,3 +65,18 @@ def test_the_tiny_learner_on_one_gpu_holds_what_the_arithmetic_says():
         "CUDA context and allocator": ("gpu 0", mem.GIB),
         "last pushed version (float32)": ("cpu", weights),
     }
+
+
+def test_the_time_floor_by_hand():
+    from asyncrlhf.planning.timing import ASSUMED_MFU, HBM_BYTES_PER_S, PEAK_FLOPS, step_floor
+
+    # 2 groups of 2 samples of 10 tokens, a 1000-parameter fp32 policy trained whole with a frozen reference:
+    # (6 + 2) * 1000 FLOPs a token * 40 tokens = 320_000 FLOPs on one rank at the assumed share of the peak;
+    # one batch of 4 prompts holds both groups: 16 new tokens, each reading 1000 * 4 bytes of weights
+    cfg = load_config(["configs/tiny.yaml"], ["learner.groups_per_step=2", "generator.samples_per_prompt=2",
+                                              "generator.batch_prompts=4", "generator.sampling.max_new_tokens=16"])
+    shape = mem.Shape(params=1000, layers=1, hidden=8, kv_heads=1, head_dim=8, vocab=10)
+    floor = step_floor(cfg, shape, None, needs_reference=True, tokens=10)
+    assert floor.train_s == pytest.approx(320_000 / (PEAK_FLOPS * ASSUMED_MFU))
+    assert floor.generate_s == pytest.approx(16 * 4000 / HBM_BYTES_PER_S)
+    assert floor.overlapped and floor.step_s == floor.generate_s  # max_staleness 1: the longer of the two
