@@ -41,7 +41,11 @@ SIZES = ["learner.total_steps=2", "learner.checkpoint_every=2", "learner.groups_
          "relabel.num_prompts=4"]
 
 # What a config that needs CUDA overrides on the CPU, key by key, with the reason.
+THREE_RANKS = ("1", "its 3 learner ranks are the node's GPUs 1-3 (node4gpu's CPU shape runs 3 ranks)")
 CPU_SHAPE: dict[str, dict[str, tuple[str, str]]] = {
+    "tldr": {"launch.learner_procs": THREE_RANKS},
+    "alpacafarm_lora_ppo": {"launch.learner_procs": THREE_RANKS},
+    "gsm8k": {"launch.learner_procs": THREE_RANKS},
     "node4gpu": {
         "launch.gpus": ("{}", "CUDA_VISIBLE_DEVICES per service: there is no GPU"),
         "generator.device": ("cpu", "cuda"),

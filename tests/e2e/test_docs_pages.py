@@ -1,11 +1,14 @@
 """The pages a newcomer follows, run as written (tools/doc_blocks.py): every shell and Python block in order,
 every file they save, every config fragment loaded against the config tree, on the tiny CPU-scale configs.
-A block that needs a GPU, a network or minutes says so on the page (`<!-- docs-test: skip (why) -->`)."""
+A block that needs a GPU, a network or minutes says so on the page (`<!-- docs-test: skip (why) -->`). The recipe
+pages' `asyncrlhf plan` reads their hub models' config.json from an offline cache holding the real ones
+(tests/offline_hub.py: save_hub_configs), as the hub serves them."""
 
 from pathlib import Path
 
 import pytest
 
+from tests.offline_hub import environment, save_hub_configs
 from tools.doc_blocks import parse, run_page
 
 pytestmark = pytest.mark.e2e
@@ -13,8 +16,18 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = ["quickstart.md", "bring-your-own.md", "recipes/tldr.md", "recipes/alpacafarm.md", "recipes/gsm8k.md"]
 
 
+@pytest.fixture(scope="module")
+def hub_configs(tmp_path_factory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("hf")
+    save_hub_configs(home)
+    return environment(home)
+
+
 @pytest.mark.parametrize("page", PAGES)
-def test_every_block_of_the_page_runs_as_written(tmp_path, page):
+def test_every_block_of_the_page_runs_as_written(tmp_path, page, hub_configs, monkeypatch):
+    if page.startswith("recipes/"):
+        for key, value in hub_configs.items():
+            monkeypatch.setenv(key, value)
     failed = run_page(DOCS / page, tmp_path)
     assert not failed, "\n".join(failed)
 
