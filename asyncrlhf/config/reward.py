@@ -25,7 +25,8 @@ class RuleScorerConfig(_Scorer):
 
 
 class ModelScorerConfig(_Scorer):
-    """A reward model (batch size, input length and device: `reward.*`)."""
+    """A reward model (batch size and input length: `reward.*`; device: `reward.device`, the gold model's
+    `evaluator.device`)."""
 
     kind: Literal["model"] = "model"
     path: str = Field(
