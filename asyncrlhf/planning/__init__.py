@@ -75,7 +75,8 @@ def main(argv: Sequence[str]) -> int:
         files, overrides = split_config_args(rest)
         cfg = load_config(files, overrides)
         plan = make_plan(cfg, gpus, int(memory * 1024**3))
-    except (UsageError, ConfigError, ModelLoadError) as err:
+    except (UsageError, ConfigError, ModelLoadError, ValueError) as err:  # ValueError: a setting the plan
+        # cannot size (an unknown scorer kind, a value model whose tokenizer is not the policy's)
         print(f"asyncrlhf plan: {err}", file=sys.stderr)
         return 2
     where = f"{gpus} GPU{'s' if gpus != 1 else ''} of {memory:.1f} GiB" if gpus else "no GPU"

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrlhf.config import Config, LoraConfig, ModelConfig, ModelScorerConfig, ScorerConfig
+from asyncrlhf.config import Config, ModelScorerConfig, ScorerConfig
 from asyncrlhf.models import named_model, resolve_dtype
 from asyncrlhf.planning import memory as mem
 from asyncrlhf.planning.placement import CPU, Process
-from asyncrlhf.planning.shapes import Head, model_shape
+from asyncrlhf.planning.shapes import model_shape
 
 
 @dataclass(frozen=True)
@@ -32,18 +32,6 @@ class Demand:
     device: str  # `gpu 0`, ..., or `cpu`
     item: str  # what it is, e.g. "policy weights (bfloat16)"
     bytes: int
-
-
-_SHAPES: dict[tuple[str, str, str], mem.Shape] = {}
-
-
-def _shape(model: ModelConfig, head: Head, lora: LoraConfig | None = None) -> mem.Shape:
-    """`model_shape`, once per model, head and LoRA setting (building a large model even on the meta device
-    takes seconds, and a run names its policy several times)."""
-    key = (model.model_dump_json(), head, lora.model_dump_json() if lora else "")
-    if key not in _SHAPES:
-        _SHAPES[key] = model_shape(model, head, lora)
-    return _SHAPES[key]
 
 
 def _torch_dtype(device: str, setting: str) -> str:
@@ -62,7 +50,7 @@ def sequence_tokens(cfg: Config) -> int:
 def model_scorer(sc: ModelScorerConfig, cfg: Config, device: str) -> list[tuple[str, int]]:
     """A reward model scoring `reward.batch_size` inputs of up to `reward.max_length` tokens."""
     dtype = _torch_dtype(device, sc.dtype)
-    shape = _shape(named_model(sc.path, cfg.model, revision=sc.revision), "score")
+    shape = model_shape(named_model(sc.path, cfg.model, revision=sc.revision), "score")
     size = mem.DTYPE_BYTES[dtype]
     tokens = cfg.reward.max_length
     return [(f"reward model {sc.path} ({dtype})", mem.weights(shape.params, size)),
@@ -105,7 +93,7 @@ def _learner(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, s
     ranks, zero = cfg.launch.learner_procs, lc.deepspeed.zero_stage
     compute = "bfloat16" if lc.deepspeed.bf16 else cfg.model.dtype
     size, loaded = mem.DTYPE_BYTES[compute], mem.DTYPE_BYTES[cfg.model.dtype]
-    policy = _shape(cfg.model, "causal", lc.lora if lc.lora.enabled else None)
+    policy = model_shape(cfg.model, "causal", lc.lora if lc.lora.enabled else None)
     trained = policy.adapter_params if lc.lora.enabled else policy.params
     optimizer_at = CPU if lc.deepspeed.offload_optimizer and zero >= 1 else device
     shards = ranks if zero == 3 else 1
@@ -125,7 +113,7 @@ def _learner(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, s
         items.append((device, f"reference policy ({cfg.model.dtype}, frozen)",
                       mem.weights(policy.params, loaded)))
     if objective.needs_values:
-        value = _shape(value_source(cfg), "score")
+        value = model_shape(value_source(cfg), "score")
         items += [(device, f"value model ({compute}, trained)",
                    mem.weights(value.params, size, shards) + mem.gradients(value.params, size, zero, ranks)),
                   (optimizer_at, "value model AdamW state",
@@ -139,7 +127,7 @@ def _learner(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, s
 
 def _generator(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, str, int]]:
     g = cfg.generator
-    policy = _shape(cfg.model, "causal")
+    policy = model_shape(cfg.model, "causal")
     sequences = g.batch_prompts * g.samples_per_prompt
     if g.backend == "vllm":
         v = g.vllm
@@ -165,7 +153,7 @@ def _reward(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, st
 
 def _evaluator(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, str, int]]:
     ec, device = cfg.evaluator, process.devices[0]
-    policy = _shape(cfg.model, "causal")
+    policy = model_shape(cfg.model, "causal")
     size = mem.DTYPE_BYTES[cfg.model.dtype]
     tokens = cfg.model.max_prompt_tokens + ec.max_new_tokens
     items = [(device, f"reference and checkpoint policies ({cfg.model.dtype})",

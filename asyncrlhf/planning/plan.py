@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from asyncrlhf.config import Config
 from asyncrlhf.planning import memory as mem
-from asyncrlhf.planning.demands import Demand, _shape, demands, sequence_tokens
+from asyncrlhf.planning.demands import Demand, demands, sequence_tokens
 from asyncrlhf.planning.placement import CPU, Placement, Process
+from asyncrlhf.planning.shapes import model_shape
 from asyncrlhf.planning.timing import StepFloor, step_floor
 
 
@@ -69,8 +70,9 @@ def _floor(cfg: Config) -> StepFloor:
     from asyncrlhf.training.policies import value_source
 
     objective = make_objective(cfg)
-    value = _shape(value_source(cfg), "score") if objective.needs_values else None
-    return step_floor(cfg, _shape(cfg.model, "causal"), value, objective.needs_reference, sequence_tokens(cfg))
+    value = model_shape(value_source(cfg), "score") if objective.needs_values else None
+    policy = model_shape(cfg.model, "causal")
+    return step_floor(cfg, policy, value, objective.needs_reference, sequence_tokens(cfg))
 
 
 def _vllm_share_problems(cfg: Config, plan: Plan) -> list[str]:
@@ -78,7 +80,7 @@ def _vllm_share_problems(cfg: Config, plan: Plan) -> list[str]:
     g = cfg.generator
     if g.backend != "vllm" or all(p.devices == (CPU,) for p in plan.processes if p.kind == "generator"):
         return []
-    policy = _shape(cfg.model, "causal")
+    policy = model_shape(cfg.model, "causal")
     dtype = cfg.model.dtype if g.vllm.dtype == "auto" else g.vllm.dtype
     size = mem.DTYPE_BYTES[dtype]
     longest = g.vllm.max_model_len or policy.max_positions

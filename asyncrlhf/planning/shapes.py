@@ -26,9 +26,21 @@ def hf_config(model: ModelConfig):
     return tiny_llama_config(model) if directory is None else AutoConfig.from_pretrained(directory)
 
 
+_SHAPES: dict[tuple, Shape] = {}
+
+
 def model_shape(model: ModelConfig, head: Head, lora: LoraConfig | None = None) -> Shape:
     """`model`'s shape with a causal-LM head (a policy) or a 1-output score head (a reward or value model);
-    `lora`: count the adapters it would train."""
+    `lora`: count the adapters it would train. Built once per model, head and LoRA setting (a large model
+    takes seconds even on the meta device, and a plan names its policy several times)."""
+    where = (model.name_or_path, model.revision, model.gguf_file, model.tiny.model_dump_json())
+    key = (*where, head, lora.model_dump_json() if lora else "")
+    if key not in _SHAPES:
+        _SHAPES[key] = _build_shape(model, head, lora)
+    return _SHAPES[key]
+
+
+def _build_shape(model: ModelConfig, head: Head, lora: LoraConfig | None) -> Shape:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     config = hf_config(model)

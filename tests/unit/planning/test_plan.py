@@ -66,3 +66,18 @@ def test_bad_flags_are_refused_saying_how_to_write_them(capsys):
     assert code == 2 and "--gpus takes a whole number" in out
     code, out = plan_cli(capsys, NODE, "--gpu-memory")
     assert code == 2 and "--gpu-memory needs a value" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="gpu: up plans only on a GPU machine")
+def test_up_on_a_gpu_machine_refuses_a_run_that_names_a_gpu_it_lacks():
+    import torch
+
+    from asyncrlhf.prestart import plan_refusal
+
+    count = torch.cuda.device_count()
+    cfg = load_config(["configs/tiny.yaml"], [f"launch.gpus.learner={count}"])
+    refusal = plan_refusal(cfg, ["configs/tiny.yaml"])
+    assert refusal is not None and f"names GPU {count}" in refusal and "launch.check_plan=false" in refusal
+    assert plan_refusal(load_config(["configs/tiny.yaml"], ["launch.check_plan=false",
+                                                            f"launch.gpus.learner={count}"]), []) is None
