@@ -1,8 +1,8 @@
 """The pages a newcomer follows, run as written (tools/doc_blocks.py): every shell and Python block in order,
 every file they save, every config fragment loaded against the config tree, on the tiny CPU-scale configs.
-A block that needs a GPU, a network or minutes says so on the page (`<!-- docs-test: skip (why) -->`). The recipe
-pages' `asyncrlhf plan` reads their hub models' config.json from an offline cache holding the real ones
-(tests/offline_hub.py: save_hub_configs), as the hub serves them."""
+A block that needs a GPU, a network or minutes says so on the page (`<!-- docs-test: skip (why) -->`). The
+recipe pages' `asyncrlhf plan` reads their hub models' config.json from an offline cache holding the real
+ones (tests/offline_hub.py: save_hub_configs), as the hub serves them."""
 
 from pathlib import Path
 

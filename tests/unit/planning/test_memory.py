@@ -1,5 +1,5 @@
-"""The plan's memory arithmetic by hand, on the `tiny` model of configs/tiny.yaml: vocabulary 259 (256 bytes + 3
-specials), hidden 64, 2 layers of 4 heads, MLP 128, untied embeddings."""
+"""The plan's memory arithmetic by hand, on the `tiny` model of configs/tiny.yaml: vocabulary 259 (256 bytes
++ 3 specials), hidden 64, 2 layers of 4 heads, MLP 128, untied embeddings."""
 
 import pytest
 
@@ -74,7 +74,8 @@ def test_the_time_floor_by_hand():
     # (6 + 2) * 1000 FLOPs a token * 40 tokens = 320_000 FLOPs on one rank at the assumed share of the peak;
     # one batch of 4 prompts holds both groups: 16 new tokens, each reading 1000 * 4 bytes of weights
     cfg = load_config(["configs/tiny.yaml"], ["learner.groups_per_step=2", "generator.samples_per_prompt=2",
-                                              "generator.batch_prompts=4", "generator.sampling.max_new_tokens=16"])
+                                              "generator.batch_prompts=4",
+                                              "generator.sampling.max_new_tokens=16"])
     shape = mem.Shape(params=1000, layers=1, hidden=8, kv_heads=1, head_dim=8, vocab=10)
     floor = step_floor(cfg, shape, None, needs_reference=True, tokens=10)
     assert floor.train_s == pytest.approx(320_000 / (PEAK_FLOPS * ASSUMED_MFU))

@@ -1,5 +1,5 @@
-"""`asyncrlhf plan`: the 4-GPU node's config fits its node, and a run that does not fit is refused (exit 1) with
-the reason: a GPU the node lacks, a vLLM share too small for its model, a GPU over its memory."""
+"""`asyncrlhf plan`: the 4-GPU node's config fits its node, and a run that does not fit is refused (exit 1)
+with the reason: a GPU the node lacks, a vLLM share too small for its model, a GPU over its memory."""
 
 import pytest
 
@@ -41,7 +41,8 @@ def test_a_run_that_needs_a_fifth_gpu_is_refused_naming_it(capsys):
 def test_a_vllm_share_too_small_for_its_model_is_refused_with_what_to_change(capsys):
     code, out = plan_cli(capsys, NODE, "--gpus", "4", "generator.vllm.gpu_memory_utilization=0.01")
     assert code == 1, out
-    assert "vLLM's share (generator.vllm.gpu_memory_utilization=0.01 of 80.0 GiB = 0.8 GiB) cannot hold" in out
+    share = "vLLM's share (generator.vllm.gpu_memory_utilization=0.01 of 80.0 GiB = 0.8 GiB) cannot hold"
+    assert share in out
 
 
 def test_a_gpu_over_its_memory_is_refused_naming_what_fills_it():

@@ -19,7 +19,7 @@ RM = "acme/tiny-rm"
 
 @pytest.fixture
 def offline_hub(tmp_path, monkeypatch):
-    """A hub cache holding RM (the tiny score model) at COMMIT, `main` pointing at it; the hub client offline."""
+    """A hub cache holding RM (the tiny score model) at COMMIT, `main` pointing at it; the client offline."""
     from huggingface_hub import constants
 
     def write(directory):
@@ -40,7 +40,8 @@ def hub_run(*overrides):
 def test_a_reward_model_by_hub_id_loads_under_the_runs_allow_hub(offline_hub, revision):
     cfg = hub_run(f"reward.scorers=[{{kind: model, path: {RM}, revision: {revision}}}]", "reward.device=cpu")
     scorer = build_reward(cfg.reward, cfg.model).scorers[0].scorer
-    direct = load_score_model(str(offline_hub / "hub" / f"models--{RM.replace('/', '--')}" / "snapshots" / COMMIT))
+    snapshot = offline_hub / "hub" / f"models--{RM.replace('/', '--')}" / "snapshots" / COMMIT
+    direct = load_score_model(str(snapshot))
     with torch.no_grad():
         expected = direct.eval()(input_ids=torch.tensor([[5, 6, 7]])).logits[0, 0].item()
     assert scorer.model.dtype == torch.float32  # auto on the CPU
