@@ -124,6 +124,9 @@ class StandIns:
 
         from asyncrlhf.models import build_tiny_tokenizer
 
+        import torch
+
+        torch.manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))  # the same stand-in each time
         lowered = name.lower()
         tokenizer = build_tiny_tokenizer() if "deberta" in lowered else self.tokenizer()
         specials = {"pad_token_id": tokenizer.pad_token_id or tokenizer.eos_token_id,

@@ -37,8 +37,7 @@ PACKAGED = "packaged-stand-in"
 
 SIZES = ["learner.total_steps=2", "learner.checkpoint_every=2", "learner.groups_per_step=2",
          "generator.batch_prompts=2", "generator.sampling.max_new_tokens=8", "evaluator.num_prompts=2",
-         "evaluator.max_new_tokens=8", "evaluator.batch_size=2", "sft.num_prompts=2", "sft.best_of_n=2",
-         "relabel.num_prompts=4"]
+         "evaluator.max_new_tokens=8", "evaluator.batch_size=2", "sft.num_prompts=2", "sft.best_of_n=2"]
 
 # What a config that needs CUDA overrides on the CPU, key by key, with the reason.
 THREE_RANKS = ("1", "its 3 learner ranks are the node's GPUs 1-3 (node4gpu's CPU shape runs 3 ranks)")
