@@ -9,8 +9,12 @@ change (SIZES). The evaluator runs where the gold reward is a model (so the gold
 config that needs CUDA lists, in CPU_SHAPE, exactly the keys its CPU shape overrides and why.
 
 Every run writes under the test's directory (`run.dir`). All configs share the session's Redis
-(`redis.url`), so no run starts its own. Budget: about 30-40 s a config on 2 cores with the HF backend, a
-minute or two with vLLM's CPU build; the vLLM configs run last (`vllm`).
+(`redis.url`), so no run starts its own. Over 60 s for several configs, because each is a whole run: 3-4
+processes that import torch start, 2 steps train and the audit reads them back (25-50 s on 2 cores); a
+config that starts from its own SFT or reward model runs those stages first (tools_calculator, pipeline_full:
+90-100 s), and vLLM's CPU build adds its engine's start (tldr, gsm8k, alpacafarm_lora_ppo: 100-140 s;
+node4gpu, with the engine in a process of its own and 3 learner ranks: about 140 s). The vLLM configs run
+last (`vllm`). Building the offline hub (the module's fixture) takes about 20 s.
 """
 
 from __future__ import annotations
