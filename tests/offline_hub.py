@@ -120,13 +120,12 @@ class StandIns:
 
     def write(self, directory: Path, name: str, role: str) -> None:
         """A stand-in for model `name` saved as an HF directory."""
+        import torch
         import transformers
 
         from asyncrlhf.models import build_tiny_tokenizer
 
-        import torch
-
-        torch.manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))  # the same stand-in each time
+        torch.manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))  # the same one each time
         lowered = name.lower()
         tokenizer = build_tiny_tokenizer() if "deberta" in lowered else self.tokenizer()
         specials = {"pad_token_id": tokenizer.pad_token_id or tokenizer.eos_token_id,

@@ -1,8 +1,9 @@
 """Where each process of a run computes, as `asyncrlhf up` starts them on one node: a service sees the GPUs
 `launch.gpus` gives it (CUDA_VISIBLE_DEVICES; all of them when unset), and its `device` setting picks among
 those (`auto` and `cuda` the first, `cuda:k` the k-th, `cpu` none). Learner rank r computes on its r-th
-visible GPU (torchrun's LOCAL_RANK); a vLLM generator shards over its first `tensor_parallel_size`; every
-replica of a service sees the same GPUs (`up` gives them one CUDA_VISIBLE_DEVICES)."""
+visible GPU (torchrun's LOCAL_RANK, DeepSpeed's choice: `learner.device` is not read), or the CPU; a vLLM
+generator shards over its first `tensor_parallel_size`; every replica of a service sees the same GPUs (`up`
+gives them one CUDA_VISIBLE_DEVICES)."""
 
 from __future__ import annotations
 
@@ -78,9 +79,12 @@ class Placement:
         return [Process(f"reward-{i}", "reward", (device,)) for i in range(self.cfg.reward.replicas)]
 
     def _learner(self) -> list[Process]:
+        """DeepSpeed puts rank r on its r-th visible GPU wherever there is one (`learner.device` is not
+        read), else on the CPU."""
         procs = self.cfg.launch.learner_procs
+        setting = "cuda" if self.visible("learner") else CPU
         return [Process("learner" if r == 0 else f"learner rank {r}", "learner",
-                        (self.device("learner", self.cfg.learner.device, r),), rank=r) for r in range(procs)]
+                        (self.device("learner", setting, r),), rank=r) for r in range(procs)]
 
     def _evaluator(self) -> list[Process]:
         if not self.cfg.launch.evaluator:

@@ -50,11 +50,7 @@ CPU_SHAPE: dict[str, dict[str, tuple[str, str]]] = {
     "alpacafarm_lora_ppo": {"launch.learner_procs": THREE_RANKS},
     "gsm8k": {"launch.learner_procs": THREE_RANKS},
     "node4gpu": {
-        "launch.gpus": ("{}", "CUDA_VISIBLE_DEVICES per service: there is no GPU"),
         "generator.device": ("cpu", "cuda"),
-        "reward.device": ("cpu", "cuda"),
-        "learner.device": ("cpu", "cuda"),
-        "evaluator.device": ("cpu", "cuda"),
         "generator.grpc_port": ("0", "a fixed port: another run may hold it on a shared CI machine"),
         "generator.vllm.engine_in_process": ("false", "the GPU default (on the CPU it is true): the engine "
                                              "in a process of its own"),

@@ -52,7 +52,7 @@ def test_activations_and_kv_cache_of_the_tiny_model():
 def test_the_tiny_learner_on_one_gpu_holds_what_the_arithmetic_says():
     # configs/tiny.yaml: online DPO (a frozen reference), fp32, ZeRO-0, one rank, micro-batches of 4 rows of
     # max_prompt_tokens 64 + max_new_tokens 16 = 80 tokens
-    cfg = load_config(["configs/tiny.yaml"], ["learner.device=cuda"])
+    cfg = load_config(["configs/tiny.yaml"])
     learner = next(p for p in Placement(cfg, gpus=1).processes if p.kind == "learner")
     held = {d.item: (d.device, d.bytes) for d in demands(learner, cfg, gpu_bytes=mem.GIB)}
     weights = 115_392 * 4  # = 461_568
