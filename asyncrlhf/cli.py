@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "asyncrlhf.config_cli", "Show the resolved config: `asyncrlhf config show CONFIG [overrides]`."
     ),
     "up": ("asyncrlhf.launcher", "Start Redis and every service locally, with live progress."),
+    "plan": ("asyncrlhf.planning", "Place every service on a GPU node and check that its memory fits."),
     "generator": ("services.generator.__main__", "Run a generator (HF or vLLM backend, WeightSync server)."),
     "reward": ("services.reward.__main__", "Run a reward scorer replica."),
     "learner": ("services.learner.__main__", "Run the DeepSpeed learner."),
@@ -41,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # Commands that parse their own arguments (argparse or a usage of their own) answer `--help` themselves; the
 # others take config files and overrides, where `--help` would read as an override without a value.
-OWN_HELP = ("up", "report", "audit", "bench", "export")
+OWN_HELP = ("up", "plan", "report", "audit", "bench", "export")
 CONFIG_ARGS = (
     "Config: one or more YAML files (`CONFIG.yaml` or `--config FILE`, later ones override earlier),\n"
     "then overrides as `key=value` or `--key value` (e.g. `learner.lr=1e-4`).\n"

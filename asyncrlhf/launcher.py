@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf import metrics as names
+from asyncrlhf import prestart
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
@@ -145,17 +146,12 @@ class Launcher:
         self.started_at = time.time()
 
     def run(self) -> int:
-        from asyncrlhf.resume import prepare_run_dir  # torch: imported only here
-
         run_dir = self.cfg.run.path
-        refused = prepare_run_dir(self.cfg, self.flags,
-                                  say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
-        if refused is not None:  # before anything is written
-            print(f"asyncrlhf up: {refused}", file=sys.stderr)
-            return 2
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        problem = prepare_model(self.cfg, self.files)  # before Redis starts: on a refusal nothing runs
+        # before Redis starts: on a refusal nothing runs
+        problem = prestart.refusal(self.cfg, self.files, self.flags,
+                                   say=lambda text: print(f"asyncrlhf up: {text}", flush=True))
         if problem is not None:
             print(f"asyncrlhf up: {problem}", file=sys.stderr)
             return 2
@@ -333,32 +329,6 @@ class Launcher:
         }
         (self.cfg.run.path / "up_summary.json").write_text(json.dumps(summary, indent=2))
 
-def prepare_model(cfg: Config, files: Sequence[str]) -> str | None:
-    """Find the model the services start from (a GGUF converted once here, so the services do not all
-    convert it at the same time); why it cannot be used, or None."""
-    from asyncrlhf.model_sources import ModelLoadError, resolve_model_dir  # torch: imported only here
-
-    try:
-        resolve_model_dir(cfg.model)
-    except ModelLoadError as err:
-        return warm_start_missing(cfg, files) or str(err)
-    return None
-
-
-def warm_start_missing(cfg: Config, files: Sequence[str]) -> str | None:
-    """What to do when the model `up` starts from is this config's own SFT output (`sft.output`, a warm
-    start such as configs/tools_calculator.yaml) and `asyncrlhf sft` has not written it yet; None when the
-    model is something else."""
-    from asyncrlhf.stages.common import run_path  # where `asyncrlhf sft` writes it
-
-    model = Path(cfg.model.name_or_path).expanduser()
-    output = run_path(cfg, cfg.sft.output)
-    if model.exists() or model.resolve() != output.resolve():
-        return None
-    config = " ".join(files) or "CONFIG.yaml"
-    return (f"model.name_or_path {model} is this config's SFT warm start (sft.output) and has not been "
-            f"written yet: run `asyncrlhf sft {config}` first (it trains it from "
-            f"{cfg.sft.base or cfg.model.name_or_path}), then `asyncrlhf up` again")
 
 
 def print_report(run_dir: Path) -> None:

@@ -82,6 +82,23 @@ def hub_snapshot(name: str, revision: str | None) -> Path:
     return Path(path)
 
 
+def config_dir(cfg: ModelConfig) -> Path | None:
+    """A directory holding the model's config.json, for what reads only its architecture (`asyncrlhf
+    plan`): a hub model's config.json alone (not its weights), else the model's own directory as
+    `resolve_model_dir` finds it; None for `tiny`."""
+    name = cfg.name_or_path
+    if not (_looks_like_hub_name(name) and cfg.allow_hub) or Path(name).expanduser().exists():
+        return resolve_model_dir(cfg)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(name, "config.json", revision=cfg.revision)).parent
+    except Exception as err:  # network, auth, unknown repo or revision: the hub client raises many kinds
+        at = cfg.revision or "main"
+        raise ModelLoadError(f"the config.json of hub model `{name}` at revision {at} cannot be fetched: "
+                             f"{err}") from err
+
+
 def resolved_revision(cfg: ModelConfig) -> str | None:
     """The commit a hub model name resolves to (None for anything local)."""
     if not (_looks_like_hub_name(cfg.name_or_path) and cfg.allow_hub) or Path(cfg.name_or_path).exists():

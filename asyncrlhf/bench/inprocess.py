@@ -48,7 +48,7 @@ class InProcess:
         self.tokenizer, self.trainer = parts.tokenizer, parts.trainer
         self.policy, self.value = parts.models.policy, parts.models.value
         self.backend = create_backend(cfg, self.tokenizer)
-        self.reward = build_reward(cfg.reward)
+        self.reward = build_reward(cfg.reward, cfg.model)
         self.prompts = parts.prompts
         self.state = checkpoint.LearnerState()
         self.seconds: dict[str, float] = defaultdict(float)

@@ -126,7 +126,7 @@ def main(argv: Sequence[str]) -> int:
     cfg = load_config(args.config or [DEFAULT_CONFIG], overrides)
     k, per_step = cfg.generator.samples_per_prompt, cfg.learner.groups_per_step
     started = time.perf_counter()
-    groups = sample_groups(cfg, args.prompts, build_reward(cfg.reward))
+    groups = sample_groups(cfg, args.prompts, build_reward(cfg.reward, cfg.model))
     print(f"sampled {len(groups)} groups x {k} in {time.perf_counter() - started:.0f} s")
     steps = [groups[i : i + per_step] for i in range(0, len(groups) - per_step + 1, per_step)]
     modes = {"padded": {"packing": False},

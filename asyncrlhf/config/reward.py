@@ -25,11 +25,20 @@ class RuleScorerConfig(_Scorer):
 
 
 class ModelScorerConfig(_Scorer):
-    """A reward model (batch size, input length and device: `reward.*`)."""
+    """A reward model (batch size and input length: `reward.*`; device: `reward.device`, the gold model's
+    `evaluator.device`)."""
 
     kind: Literal["model"] = "model"
     path: str = Field(
-        min_length=1, description="An HF directory, an `asyncrlhf train-rm` checkpoint, or `tiny`."
+        min_length=1, description="An HF directory, an `asyncrlhf train-rm` checkpoint, `tiny`, or a hub id "
+        "(with `model.allow_hub`, as the policy's)."
+    )
+    revision: str | None = Field(
+        None, description="A hub id's revision: pin a commit hash (a branch or tag resolves at load)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype. auto: bfloat16 on a GPU, float32 on the CPU (a 6.9B reward model "
+        "holds 14 GB in bfloat16, 28 GB in float32)."
     )
 
 

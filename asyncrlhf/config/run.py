@@ -294,6 +294,10 @@ class LaunchConfig(Section):
         default_factory=dict,
         description="CUDA_VISIBLE_DEVICES per service, e.g. {generator: '0', learner: '1,2,3'}.",
     )
+    check_plan: bool = Field(
+        True, description="On a GPU machine, `up` first plans the run on this machine's GPUs (`asyncrlhf "
+        "plan`: each service's device and memory) and refuses, with the reason, a run that does not fit. "
+        "false: start anyway (the plan's memory figures are estimates).")
     share_cores: bool = Field(
         True, description="On a CPU host, the HF generator(s) and the learner share the cores: a service "
         "computing alone uses all of them, n computing at once split them (asyncrlhf/cores.py). Off, or a "

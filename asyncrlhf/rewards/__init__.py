@@ -10,7 +10,7 @@ name), `model`, or `remote`; repeated labels get `_2`, `_3`, ...
 
 from __future__ import annotations
 
-from asyncrlhf.config import RewardConfig, ScorerConfig
+from asyncrlhf.config import ModelConfig, RewardConfig, ScorerConfig
 from asyncrlhf.rewards.base import (
     CompositeReward,
     Item,
@@ -39,14 +39,19 @@ __all__ = [
 ]
 
 
-def build_scorer(sc: ScorerConfig, cfg: RewardConfig) -> Scorer:
-    """One scorer from its config entry (a model loads here)."""
+def build_scorer(sc: ScorerConfig, cfg: RewardConfig, model: ModelConfig | None = None) -> Scorer:
+    """One scorer from its config entry (a model loads here). `model`: the run's policy settings, which a
+    reward model by name shares (the hub switch, the GGUF cache); None: local models only."""
     if sc.kind == "rule":
         return RuleScorer(sc.name, sc.args)
     if sc.kind == "model":
-        from asyncrlhf.rewards.model import ModelScorer  # torch + transformers only when a model is used
+        from asyncrlhf.models import named_model, resolve_device, resolve_dtype  # torch: only for a model
+        from asyncrlhf.rewards.model import ModelScorer
 
-        return ModelScorer(sc.path, batch_size=cfg.batch_size, max_length=cfg.max_length, device=cfg.device)
+        device = resolve_device(cfg.device)
+        rm = named_model(sc.path, model or ModelConfig(), revision=sc.revision,
+                         dtype=resolve_dtype(sc.dtype, device))
+        return ModelScorer(rm, batch_size=cfg.batch_size, max_length=cfg.max_length, device=str(device))
     from asyncrlhf.rewards.remote import RemoteScorer
 
     return RemoteScorer(sc.url, timeout_s=cfg.timeout_s, retries=cfg.retries, token=sc.token)
@@ -58,12 +63,13 @@ def scorer_label(sc: ScorerConfig) -> str:
     return sc.kind
 
 
-def build_reward(cfg: RewardConfig) -> CompositeReward:
-    """The service's reward: every configured scorer, weighted, plus the missing-EOS penalty."""
+def build_reward(cfg: RewardConfig, model: ModelConfig | None = None) -> CompositeReward:
+    """The service's reward: every configured scorer, weighted, plus the missing-EOS penalty. `model`: the
+    run's policy settings (`build_scorer`)."""
     weighted, seen = [], dict[str, int]()
     for sc in cfg.scorers:
         base = scorer_label(sc)
         seen[base] = seen.get(base, 0) + 1
         label = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        weighted.append(WeightedScorer(label, sc.weight, build_scorer(sc, cfg)))
+        weighted.append(WeightedScorer(label, sc.weight, build_scorer(sc, cfg, model)))
     return CompositeReward(weighted, cfg.missing_eos_penalty, cfg.max_completion_tokens)

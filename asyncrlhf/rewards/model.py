@@ -4,6 +4,9 @@ The model reads `prompt + completion` as its tokenizer encodes it and scores it 
 longer than the limit (`reward.max_length`, capped by the model's position embeddings) keep their *last*
 tokens: the completion's end is what the head reads, so cutting the prompt's start loses the least. Each
 truncated input is counted in `ScoreResult.truncated` (the service exports it as a metric).
+
+The model is one the run names (`asyncrlhf.run_models.scorer_model`): a local directory, a checkpoint, `tiny`,
+or a hub id at a pinned revision under the run's `model.allow_hub`, in the scorer's dtype.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from asyncrlhf.config import ModelConfig
 from asyncrlhf.models import as_model_config, load_score_model, load_tokenizer, resolve_device
 from asyncrlhf.rewards.base import ScoreResult
 
@@ -21,10 +25,11 @@ log = logging.getLogger(__name__)
 
 class ModelScorer:
     """Scores with a 1-output sequence-classification model (`load_score_model`: an HF dir, an RM
-    checkpoint, or `tiny`)."""
+    checkpoint, a hub id, or `tiny`)."""
 
-    def __init__(self, path: str, *, batch_size: int = 16, max_length: int = 512, device: str = "auto"):
-        cfg = as_model_config(path)
+    def __init__(self, model: ModelConfig | str, *, batch_size: int = 16, max_length: int = 512,
+                 device: str = "auto"):
+        cfg = as_model_config(model)
         self.device = resolve_device(device)
         self.model = load_score_model(cfg, device=str(self.device)).eval()
         self.tokenizer = load_tokenizer(cfg)
@@ -34,7 +39,8 @@ class ModelScorer:
         positions = getattr(self.model.config, "max_position_embeddings", None) or max_length
         self.max_length = min(max_length, positions)
         self.batch_size = batch_size
-        log.info("reward model %s on %s, max_length=%d", path, self.device, self.max_length)
+        log.info("reward model %s%s on %s in %s, max_length=%d", cfg.name_or_path,
+                 f" at {cfg.revision}" if cfg.revision else "", self.device, cfg.dtype, self.max_length)
 
     @torch.no_grad()
     def score(

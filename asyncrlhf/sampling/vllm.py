@@ -84,11 +84,15 @@ ADAPTER_ID = 1
 UNREAD_ADAPTER_PATH = "/nonexistent/asyncrlhf-pushed-adapter"
 
 
-def import_vllm():
+def import_vllm(oldest: tuple[int, ...] = (0,)):
+    """The vllm module, refused (ImportError, saying what to install) when missing or older than `oldest`."""
     try:
         import vllm
     except ImportError as err:
         raise ImportError(VLLM_MISSING) from err
+    if version_tuple(vllm.__version__) < oldest:
+        raise ImportError(f"vLLM {vllm.__version__} is older than this backend needs (logprobs_mode, "
+                          f"in-place reload_weights): pip install 'vllm>={'.'.join(map(str, oldest))}'")
     return vllm
 
 
@@ -144,22 +148,21 @@ class VLLMBackend:
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer=None) -> VLLMBackend:
-        vllm = import_vllm()
-        if version_tuple(vllm.__version__) < MIN_VLLM:
-            wanted = ".".join(map(str, MIN_VLLM))
-            raise ImportError(f"vLLM {vllm.__version__} is older than this backend needs (logprobs_mode, "
-                              f"in-place reload_weights): pip install 'vllm>={wanted}'")
+        vllm = import_vllm(MIN_VLLM)
         model_dir = model_dir_for_vllm(cfg.model)
         kwargs, env = engine_settings(cfg, model_dir)
         os.environ.update(env)  # read by the engine processes vLLM spawns
         Path(env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
-        llm = vllm.LLM(**kwargs)
-        work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
+        # Before the engine: an engine in this process serving a model through vLLM's Transformers backend
+        # (GPT-NeoX, for one) decorates the transformers model class in place, which then builds only inside
+        # a vLLM config context, so the skeleton could no longer be built from it.
         dtype = getattr(torch, kwargs["dtype"])
         skeleton = weight_skeleton(model_dir, dtype, cfg.learner.lora)
         pristine = None
         if cfg.learner.lora.enabled and merges_lora(cfg):
             pristine = pristine_targets(model_dir, skeleton, dtype)
+        llm = vllm.LLM(**kwargs)
+        work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
         local = in_process(cfg, env)
         backend = cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,

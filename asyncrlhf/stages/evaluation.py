@@ -53,10 +53,12 @@ class GoldEvaluation:
             reference if reference is not None else load_policy(cfg.model, device=str(self.sampler.device))
         )
         self.reference.requires_grad_(False)
-        # The gold scorer alone (no proxy scorers), with the evaluator's own missing-EOS penalty.
+        # The gold scorer alone (no proxy scorers), with the evaluator's own missing-EOS penalty, on the
+        # evaluator's device (a gold model is the evaluator's, wherever the reward service scores).
         self.gold = build_reward(cfg.reward.model_copy(update={
-            "scorers": [ec.gold], "missing_eos_penalty": ec.missing_eos_penalty, "max_completion_tokens": None
-        }))
+            "scorers": [ec.gold], "missing_eos_penalty": ec.missing_eos_penalty,
+            "max_completion_tokens": None, "device": ec.device,
+        }), cfg.model)
         self.dataset_references = self._dataset_references()
         self.labels: list[str | None] | None = None  # the task's reference answers (verifiable gold rewards)
         if self.dataset_references is not None:

@@ -45,9 +45,8 @@ DATA_FILE = "sft_data.jsonl"
 
 def gold_scorer(cfg: Config):
     """The gold reward alone (no proxy scorers, no missing-EOS penalty)."""
-    return build_reward(
-        cfg.reward.model_copy(update={"scorers": [cfg.evaluator.gold], "missing_eos_penalty": None})
-    )
+    only_gold = {"scorers": [cfg.evaluator.gold], "missing_eos_penalty": None}
+    return build_reward(cfg.reward.model_copy(update=only_gold), cfg.model)
 
 
 def best_of_n_data(cfg: Config, policy, tokenizer) -> list[dict]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrlhf.config import Config, ModelConfig, PPOLearnerConfig
-from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model, load_tokenizer
+from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model, load_tokenizer, named_model
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import Objective
 
@@ -41,26 +41,29 @@ def build_models(cfg: Config, objective: Objective) -> LearnerModels:
     return LearnerModels(policy_engine, reference, value_engine)
 
 
-def check_same_tokenizer(policy: ModelConfig, reward_model: str) -> None:
+def check_same_tokenizer(policy: ModelConfig, reward_model: ModelConfig) -> None:
     """The value model reads the policy's token ids: a reward model with another vocabulary cannot start it.
     (The reward *scorer* itself re-tokenises text with its own tokenizer, so any RM can score.)"""
     mine, theirs = load_tokenizer(policy).get_vocab(), load_tokenizer(reward_model).get_vocab()
     if mine != theirs:
         raise ValueError(
-            f"learner.ppo.value_init=reward_model: the reward model {reward_model} has another tokenizer "
-            f"than the policy {policy.name_or_path} (vocabularies of {len(theirs)} and {len(mine)} tokens "
-            "differ), and the value model reads the policy's token ids; set learner.ppo.value_init=policy")
+            f"learner.ppo.value_init=reward_model: the reward model {reward_model.name_or_path} has another "
+            f"tokenizer than the policy {policy.name_or_path} (vocabularies of {len(theirs)} and {len(mine)} "
+            "tokens differ), and the value model reads the policy's token ids; set "
+            "learner.ppo.value_init=policy")
 
 
-def value_source(cfg: Config) -> ModelConfig | str:
-    """What PPO's value model starts from: the policy (default) or the reward model's weights."""
+def value_source(cfg: Config) -> ModelConfig:
+    """What PPO's value model starts from: the policy (default) or the reward model's weights (found as the
+    reward service finds them, at its revision; trained in the policy's dtype)."""
     lc = cfg.learner
     if isinstance(lc, PPOLearnerConfig) and lc.ppo.value_init == "reward_model":
-        paths = [s.path for s in cfg.reward.scorers if s.kind == "model" and s.path]
-        if not paths:
+        scorers = [s for s in cfg.reward.scorers if s.kind == "model"]
+        if not scorers:
             raise ValueError(
                 "learner.ppo.value_init=reward_model needs a reward scorer of kind `model` with a path"
             )
-        check_same_tokenizer(cfg.model, paths[0])
-        return paths[0]
+        source = named_model(scorers[0].path, cfg.model, revision=scorers[0].revision, dtype=cfg.model.dtype)
+        check_same_tokenizer(cfg.model, source)
+        return source
     return cfg.model

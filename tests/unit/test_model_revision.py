@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from asyncrlhf.models import load_policy, load_tokenizer
+from tests.offline_hub import COMMIT, save_snapshot
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 PROBE = """
 from asyncrlhf.config import ModelConfig
@@ -24,12 +24,11 @@ print(resolved_revision(cfg), sum(p.numel() for p in load_policy(cfg).parameters
 
 
 def hub_cache(tmp_path) -> Path:
-    repo = tmp_path / "hub" / "models--acme--tiny-chat"
-    snapshot = repo / "snapshots" / COMMIT
-    load_policy("tiny").save_pretrained(snapshot)
-    load_tokenizer("tiny").save_pretrained(snapshot)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
+    def write(directory):
+        load_policy("tiny").save_pretrained(directory)
+        load_tokenizer("tiny").save_pretrained(directory)
+
+    save_snapshot(tmp_path, "acme/tiny-chat", write)
     return tmp_path / "hub"
 
 
@@ -52,3 +51,15 @@ def test_an_unknown_revision_fails_clearly(tmp_path):
     out = probe(hub_cache(tmp_path), "v9-does-not-exist")
     assert out.returncode != 0
     assert "hub model `acme/tiny-chat` at revision v9-does-not-exist cannot be fetched" in out.stderr
+
+
+def test_the_test_cache_is_what_huggingface_hubs_own_scanner_reads(tmp_path):
+    from huggingface_hub import scan_cache_dir
+
+    info = scan_cache_dir(hub_cache(tmp_path))
+    assert info.warnings == []
+    (repo,) = info.repos
+    (revision,) = repo.revisions
+    assert (repo.repo_id, repo.repo_type, revision.commit_hash, set(revision.refs)) == (
+        "acme/tiny-chat", "model", COMMIT, {"main"})
+    assert any(f.file_name == "config.json" and f.blob_path.parent.name == "blobs" for f in revision.files)

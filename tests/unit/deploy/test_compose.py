@@ -110,11 +110,22 @@ def test_container_layer_loads_on_each_run_config_with_the_fixed_ports(run_confi
     assert cfg.redis.url == "redis://redis:6379/0"
 
 
-def test_node4gpu_config_is_the_plan_the_compose_file_runs():
+def test_node4gpu_config_is_the_plan_the_compose_file_runs(gpu):
+    from asyncrlhf.planning.memory import GIB
+    from asyncrlhf.planning.plan import make_plan
+
     cfg = load_config([ROOT / "configs" / "node4gpu.yaml"])
     assert cfg.generator.backend == "vllm"
     assert cfg.learner.deepspeed.zero_stage == 2 and cfg.learner.deepspeed.bf16
     assert {s: getattr(cfg, s).http_port for s in SERVICE_PORTS} == SERVICE_PORTS
+    # one 4-GPU node: the evaluator shares GPU 0 with the generator, in what vLLM's share leaves
+    reserved = {name: [i for d in devices(gpu["services"][name]) for i in d["device_ids"]]
+                for name in ASYNCRLHF}
+    assert {name: ",".join(ids) for name, ids in reserved.items() if ids} == cfg.launch.gpus
+    assert sorted({i for ids in reserved.values() for i in ids}) == ["0", "1", "2", "3"]
+    plan = make_plan(cfg, gpus=4, gpu_bytes=80 * GIB)
+    assert plan.fits, plan.refusals()
+    assert {p.service: p.devices for p in plan.processes}["evaluator"] == ("gpu 0",)
 
 
 def test_health_checks_and_prometheus_targets_use_each_service_port(gpu):

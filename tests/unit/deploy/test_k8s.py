@@ -301,6 +301,25 @@ def test_gpu_overlay_gives_the_generator_one_gpu_and_the_learner_three_under_tor
 
 
 @needs_kubectl
+def test_the_gpu_overlay_fits_one_4_gpu_node_with_the_evaluator_on_the_cpu(rendered):
+    from asyncrlhf.planning import memory
+    from asyncrlhf.planning.plan import make_plan
+
+    docs = rendered["overlays/gpu"]
+    gpus = {name: container(docs, kind, name)["resources"].get("limits", {}).get("nvidia.com/gpu", 0)
+            for kind, name in WORKLOADS}
+    assert gpus == {"generator": 1, "reward": 0, "learner": 3, "evaluator": 0}  # 4 in all
+    evaluator = container(docs, "Deployment", "evaluator")
+    overrides = [a for a in evaluator["args"] if "=" in a and not a.startswith("redis.")]
+    assert overrides == ["evaluator.device=cpu"]
+    # the node's plan with the overlay's evaluator: every GPU within an 80 GiB node's memory
+    cfg = load_config([K8S / "overlays" / "gpu" / "run.yaml"], overrides)
+    plan = make_plan(cfg, gpus=4, gpu_bytes=80 * memory.GIB)
+    assert plan.fits, plan.refusals()
+    assert {p.service: p.devices for p in plan.processes}["evaluator"] == ("cpu",)
+
+
+@needs_kubectl
 @pytest.mark.parametrize("target", ["overlays/gpu", "overlays/cpu"])
 def test_workloads_probe_and_expose_their_service_port(rendered, target):
     docs = rendered[target]
