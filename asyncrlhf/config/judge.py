@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrlhf.config.base import Section
 from asyncrlhf.config.model import ModelConfig
@@ -97,6 +97,20 @@ class JudgeConfig(Section):
         10_000, ge=0, description="Replies kept, keyed by the hash of the rendered request (template, "
         "prompt, completion, reference); 0: no cache.")
     batch_size: int = Field(32, ge=1, description="Engine in this process: judge prompts per engine call.")
+
+    @field_validator("choices", "labels", mode="before")
+    @classmethod
+    def _yes_is_not_true(cls, value):
+        """YAML reads a bare Yes / No as a boolean: as a choice or a label it means the word (matched in any
+        case)."""
+        def word(v):
+            return {True: "yes", False: "no"}[v] if isinstance(v, bool) else v
+
+        if isinstance(value, list):
+            return [word(v) for v in value]
+        if isinstance(value, dict):
+            return {word(k): v for k, v in value.items()}
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> JudgeConfig:
