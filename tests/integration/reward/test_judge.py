@@ -16,6 +16,7 @@ import logging
 import threading
 
 import pytest
+import torch
 
 from asyncrlhf.config import JudgeConfig, RedisConfig, RewardConfig, load_config
 from asyncrlhf.models import load_policy, load_tokenizer
@@ -50,7 +51,7 @@ class JudgeServer:
     def __init__(self):
         self.cfg = load_config(["configs/tiny.yaml"], [
             f"model.name_or_path={JUDGE_MODEL}", "model.max_prompt_tokens=512", "generator.backend=hf",
-            "generator.device=cpu"])
+            "generator.device=cpu", "generator.threads=1"])  # 2 threads on 2 busy cores: 10x slower
         self.tokenizer = load_tokenizer(self.cfg.model)
         self.backend = create_backend(self.cfg, self.tokenizer)
         self.backend.apply_weights(load_policy(self.cfg.model).state_dict(), version=PolicyVersion(0, 1))
@@ -76,9 +77,11 @@ def judge_cfg(**kw) -> JudgeConfig:
 
 @pytest.fixture(scope="module")
 def server():
+    threads = torch.get_num_threads()
     s = JudgeServer()
     yield s
     s.http.stop()
+    torch.set_num_threads(threads)  # the next module's own
 
 
 def reviews(texts=REVIEWS, prompt="Review this place."):
