@@ -76,8 +76,8 @@ def test_reward_replicas_judging_with_a_language_model_killed_mid_call_lose_noth
     bootstrap interval. Minutes on 2 cores: every completion is a forward pass of a 135M judge."""
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "5", "--kills", "3",
            "--redis-kills", "0", "--kinds", "reward", "--every", "3,5", "--root", str(tmp_path),
-           "--timeout", "900", "learner.total_steps=12", "learner.checkpoint_every=6", "launch.evaluator=true",
-           "evaluator.num_prompts=4", f"reward.scorers=[{{kind: judge, {JUDGE[1:]}]",
+           "--timeout", "900", "learner.total_steps=12", "learner.checkpoint_every=6",
+           "launch.evaluator=true", "evaluator.num_prompts=4", f"reward.scorers=[{{kind: judge, {JUDGE[1:]}]",
            f"evaluator.judge={{compare: pairwise, template: null, {JUDGE[1:JUDGE.index(', template')]}}}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)

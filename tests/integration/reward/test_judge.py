@@ -103,7 +103,8 @@ def test_the_template_renders_and_the_engine_and_the_endpoint_give_the_same_prob
 
 
 @pytest.mark.parametrize("kw", [
-    dict(reply="number", template="Review: {{ completion }}\nRate this review from 1 to 10.", max_new_tokens=8),
+    dict(reply="number", template="Review: {{ completion }}\nRate this review from 1 to 10.",
+         max_new_tokens=8),
     dict(reply="label", max_new_tokens=4),
 ])
 def test_numbers_and_labels_parse_from_real_replies(server, kw):
@@ -176,7 +177,8 @@ def test_a_judge_killed_mid_call_loses_no_group(server, redis_client, run_name):
     link = FaultyLink(("127.0.0.1", server.http.port))
     judge = server.remote(link.url, timeout_s=60.0, retries=1)
     reward = CompositeReward([WeightedScorer("judge", 1.0, JudgeScorer(judge, 0.0))])
-    streams = RunStreams(redis_client, run_name, RedisConfig(claim_idle_ms=200, block_ms=50, max_deliveries=5))
+    fast = RedisConfig(claim_idle_ms=200, block_ms=50, max_deliveries=5)
+    streams = RunStreams(redis_client, run_name, fast)
     loop = RewardLoop(reward, streams.consumer(ROLLOUTS, REWARD_GROUP, "r0"), streams.producer(SCORED),
                       RewardMetrics(), scorer_id="r0", retries=0, read_groups=4)
     groups = [rollout("g0", texts=REVIEWS[:2]), rollout("g1", texts=[REVIEWS[2], "Great value, kind staff."])]

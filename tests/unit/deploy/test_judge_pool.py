@@ -12,7 +12,15 @@ import yaml
 
 from asyncrlhf.config import load_config
 from asyncrlhf.streams import REWARD_GROUP, ROLLOUTS, run_key
-from tests.unit.deploy.helpers import DEPLOY, K8S, ROOT, SERVICE_PORTS, load_compose, merge_compose, render_kustomize
+from tests.unit.deploy.helpers import (
+    DEPLOY,
+    K8S,
+    ROOT,
+    SERVICE_PORTS,
+    load_compose,
+    merge_compose,
+    render_kustomize,
+)
 from tests.unit.deploy.test_compose import devices, schema_errors
 from tests.unit.deploy.test_k8s import container, find, validate
 

@@ -22,14 +22,16 @@ def judge(**kw) -> JudgeConfig:
 # -- the template -------------------------------------------------------------------------------------------
 
 def test_a_jinja_template_sees_prompt_completion_and_reference():
-    t = JudgeTemplate.from_config(judge(template="Q: {{ prompt }}|A: {{ completion }}|{{ reference or '-' }}"))
+    source = "Q: {{ prompt }}|A: {{ completion }}|{{ reference or '-' }}"
+    t = JudgeTemplate.from_config(judge(template=source))
     assert t.render(prompt="2+2?", completion="4", reference="") == "Q: 2+2?|A: 4|-"
 
 
 def test_a_format_template_from_a_file(tmp_path):
     path = tmp_path / "judge.txt"
     path.write_text("{prompt} / {completion_a} vs {completion_b} ({reference})")
-    t = JudgeTemplate.from_config(judge(template_path=str(path), template_format="format", compare="pairwise"))
+    t = JudgeTemplate.from_config(judge(template_path=str(path), template_format="format",
+                                        compare="pairwise"))
     assert t.render(prompt="p", completion_a="x", completion_b="y", reference="r") == "p / x vs y (r)"
 
 
@@ -38,7 +40,8 @@ def test_the_shipped_templates_render_with_and_without_a_reference():
     assert "Reference answer" not in single.render(prompt="p", completion="c", reference="")
     assert "Reference answer: r" in single.render(prompt="p", completion="c", reference="r")
     pair = JudgeTemplate.from_config(judge(compare="pairwise"))
-    assert "Answer A: x\nAnswer B: y" in pair.render(prompt="p", completion_a="x", completion_b="y", reference="")
+    text = pair.render(prompt="p", completion_a="x", completion_b="y", reference="")
+    assert "Answer A: x\nAnswer B: y" in text
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -144,8 +147,8 @@ def test_judge_config_errors_say_what_to_change(override, message):
 
 
 def test_a_bare_yes_in_yaml_is_the_word_not_true():
-    cfg = load_config(["configs/tiny.yaml"], ["reward.scorers=[{kind: judge, choices: [Yes, No], reply: label, "
-                                              "labels: {Yes: 1, No: 0}}]"]).reward.scorers[0]
+    cfg = load_config(["configs/tiny.yaml"], ["reward.scorers=[{kind: judge, choices: [Yes, No], "
+                                              "reply: label, labels: {Yes: 1, No: 0}}]"]).reward.scorers[0]
     assert cfg.choices == ["yes", "no"] and cfg.labels_or_default == {"yes": 1.0, "no": 0.0}
 
 
