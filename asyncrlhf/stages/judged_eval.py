@@ -53,7 +53,8 @@ class JudgedWinRate:
             return (torch.tensor([0.0 if v is None else v for v in values], dtype=torch.float64),
                     torch.tensor([v is not None for v in values]))
 
-        preference = A.judged_preference(*tensors(first), *tensors(second))
+        (shown_first, parsed_first), (shown_second, parsed_second) = tensors(first), tensors(second)
+        preference = A.judged_preference(shown_first, shown_second, parsed_first, parsed_second)
         counted = preference[~preference.isnan()]
         if counted.numel() == 0:
             return {**EMPTY, "judged_unparsed": len(first)}

@@ -4,10 +4,10 @@ generator's `/v1` served over HTTP on the same weights (one model for the module
 real too: a link to that server that hangs on one connection, or dies mid-call and comes back
 (`faults.FaultyLink`). What it checks: templates render and real replies parse (a probability, a number, a
 label), both ways of asking agree, a malformed reply scores `parse_fail_reward` and is counted, the cache
-serves a repeat, a timeout ends only its call, pairwise scores do not depend on the group's order, and a
-judge killed mid-call loses no group of the reward loop. The module takes minutes on 2 busy cores (SmolLM2 is
-converted once into the shared model cache, then each judge call is a forward pass of a 135M model): the
-smallest judge whose replies parse."""
+serves a repeat, a timeout ends only its call, pairwise scores do not depend on the group's order, a judge
+killed mid-call loses no group of the reward loop; and the evaluator's judged win rate. The module takes
+minutes on 2 busy cores (SmolLM2 is converted once into the shared model cache, then each judge call is a
+forward pass of a 135M model): the smallest judge whose replies parse."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import threading
 import pytest
 import torch
 
-from asyncrlhf.config import JudgeConfig, RedisConfig, RewardConfig, load_config
+from asyncrlhf.config import EvaluatorJudgeConfig, JudgeConfig, RedisConfig, RewardConfig, load_config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.rewards import CompositeReward, Item, ScorerError, WeightedScorer, build_reward
 from asyncrlhf.rewards.judge import Judge, JudgeScorer
@@ -26,8 +26,10 @@ from asyncrlhf.rewards.judge.engine import LocalEngine, judge_backend
 from asyncrlhf.sampling import create_backend
 from asyncrlhf.service import HttpServer
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.stages.judged_eval import JudgedWinRate
 from asyncrlhf.streams import DEAD_LETTER, REWARD_GROUP, ROLLOUTS, SCORED, RunStreams
 from asyncrlhf.version import PolicyVersion
+from services.evaluator.metrics import EvaluatorMetrics
 from services.generator.http import make_http_app
 from services.generator.metrics import GeneratorMetrics
 from services.reward.loop import RewardLoop
@@ -208,3 +210,26 @@ def test_a_judge_engine_that_cannot_start_in_vllm_falls_back_to_transformers_or_
     strict = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"fallback_to_hf": False})})
     with pytest.raises(ValueError, match="head size"):
         judge_backend(strict, load_tokenizer(cfg.model), 0)
+
+
+def test_the_judged_win_rate_ties_identical_answers_and_brackets_itself_with_its_interval(server):
+    """evaluator.judge on the real judge: the initial policy against itself ties exactly (both orders
+    cancel whatever position the judge favours); other answers get a rate inside its bootstrap interval,
+    which the evaluator's gauges carry; a judge that gives no reply leaves the figures empty."""
+    cfg = EvaluatorJudgeConfig(model={"name_or_path": JUDGE_MODEL}, bootstrap_samples=200)
+    judged = JudgedWinRate(cfg, judge=server.local(compare="pairwise", template=None))
+    prompts = ["Review the cafe.", "Review the museum."]
+    same = judged.measure(prompts, REVIEWS[:2], REVIEWS[:2])
+    assert (same["judged_win_rate"], same["judged_win_rate_low"], same["judged_win_rate_high"]) == (
+        0.5, 0.5, 0.5) and same["judged_ties"] == 1.0 and same["judged_unparsed"] == 0
+    other = judged.measure(prompts, REVIEWS[:2], REVIEWS[:0:-1])
+    assert other["judged_win_rate_low"] <= other["judged_win_rate"] <= other["judged_win_rate_high"]
+    metrics = EvaluatorMetrics()
+    metrics.record({"gold_reward": 0.1, "win_rate": 0.5, "kl": 0.0, "perplexity": 1.0, "version": 2, **other})
+    for bound, key in (("estimate", ""), ("low", "_low"), ("high", "_high")):
+        value = metrics.registry.get_sample_value("asyncrlhf_evaluator_judged_win_rate", {"bound": bound})
+        assert value == other[f"judged_win_rate{key}"]
+    link = FaultyLink(("127.0.0.1", server.http.port))
+    link.kill()  # nobody answers there
+    down = JudgedWinRate(cfg, judge=server.remote(link.url, compare="pairwise", template=None, retries=0))
+    assert down.measure(prompts, REVIEWS[:2], REVIEWS[:2])["judged_win_rate"] is None
