@@ -104,6 +104,17 @@ def test_the_template_renders_and_the_engine_and_the_endpoint_give_the_same_prob
     remote.close()
 
 
+def test_the_completions_api_of_the_server_answers_the_raw_prompt(server):
+    """`endpoint.api: completions`: the rendered template as the prompt, no chat template, as the engine in
+    this process asks it with `model.apply_chat_template: false`."""
+    raw = {"model": {"name_or_path": JUDGE_MODEL, "apply_chat_template": False, "max_prompt_tokens": 512}}
+    remote = Judge.from_config(judge_cfg(endpoint={"url": f"{server.http.url}/v1", "model": JUDGE_MODEL,
+                                                   "api": "completions"}, **raw))
+    there = remote.values(reviews())
+    assert None not in there and there == pytest.approx(server.local(**raw).values(reviews()), abs=1e-3)
+    remote.close()
+
+
 @pytest.mark.parametrize("kw", [
     dict(reply="number", template="Review: {{ completion }}\nRate this review from 1 to 10.",
          max_new_tokens=8),
