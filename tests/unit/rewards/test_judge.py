@@ -140,6 +140,7 @@ def test_a_request_key_changes_with_the_model_the_reading_and_the_text():
     ("reward.scorers=[{kind: judge, endpont: {url: x}}]", "did you mean `reward.scorers[0].endpoint`"),
     ("evaluator.judge={compare: single}", "compare: pairwise"),
     ("evaluator.judge={bootstrap_samples: 10}", "bootstrap_samples"),
+    ("evaluator.judge={engin: {}}", "did you mean `evaluator.judge.engine`"),  # an optional section's keys
 ])
 def test_judge_config_errors_say_what_to_change(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
