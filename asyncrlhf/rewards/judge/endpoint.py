@@ -25,6 +25,7 @@ import httpx
 from asyncrlhf.config import JudgeConfig
 from asyncrlhf.rewards.base import ScorerConfigError
 from asyncrlhf.rewards.judge.engine import JudgeCallError
+from asyncrlhf.rewards.judge.meter import JudgeMeter, NullMeter, Outcome
 from asyncrlhf.rewards.judge.reply import Reply
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -33,12 +34,12 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 class EndpointEngine:
     """Requests to one OpenAI-compatible server, `max_in_flight` at a time."""
 
-    def __init__(self, cfg: JudgeConfig, *, backoff_s: float = 0.2, meter: Any = None):
+    def __init__(self, cfg: JudgeConfig, *, backoff_s: float = 0.2, meter: JudgeMeter | None = None):
         url = cfg.endpoint.url or ""
         if not url.startswith(("http://", "https://")):
             raise ScorerConfigError(f"the judge's endpoint.url must start with http:// or https://, got "
                                     f"`{url}`")
-        self.cfg, self.backoff_s, self.meter = cfg, backoff_s, meter
+        self.cfg, self.backoff_s, self.meter = cfg, backoff_s, meter or NullMeter()
         self.identity = f"endpoint:{url.rstrip('/')}:{cfg.endpoint.model}:{cfg.endpoint.api}"
         self.client = httpx.Client(base_url=url.rstrip("/") + "/", timeout=cfg.timeout_s,
                                    headers=_auth(cfg.endpoint.api_key_env),
@@ -60,9 +61,8 @@ class EndpointEngine:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             started = time.perf_counter()
-            if self.meter is not None:
-                self.meter.started(1)
-            outcome = "failed"
+            self.meter.started(1)
+            outcome: Outcome = "failed"
             try:
                 response = self.client.post(path, json=body)
                 if response.status_code == 200:
@@ -76,8 +76,7 @@ class EndpointEngine:
             except httpx.TransportError as err:  # connection refused or reset: a server gone or restarting
                 last = f"{type(err).__name__}: {err}"
             finally:
-                if self.meter is not None:
-                    self.meter.ended(1, time.perf_counter() - started, outcome)
+                self.meter.ended(1, time.perf_counter() - started, outcome)
         return JudgeCallError(f"judge endpoint {self.client.base_url}{path}: no answer after "
                               f"{self.cfg.retries + 1} tries; last: {last}")
 

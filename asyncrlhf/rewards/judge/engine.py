@@ -22,7 +22,7 @@ from typing import Protocol
 
 from asyncrlhf.config import Config, GeneratorConfig, JudgeConfig, RunConfig, VLLMConfig
 from asyncrlhf.models import encode_prompts, load_tokenizer
-from asyncrlhf.rewards.judge.meter import JudgeMeter, NullMeter
+from asyncrlhf.rewards.judge.meter import JudgeMeter, NullMeter, Outcome
 from asyncrlhf.rewards.judge.reply import Reply
 from asyncrlhf.sampling.backend import Backend
 from asyncrlhf.sampling.offline import sampling_for
@@ -70,12 +70,13 @@ class LocalEngine:
         for start in range(0, len(ids), self.cfg.batch_size):
             chunk = ids[start: start + self.cfg.batch_size]
             self.meter.started(len(chunk))
-            began, outcome = time.perf_counter(), "failed"
+            began = time.perf_counter()
+            outcome: Outcome = "failed"
             try:
                 replies += self._first_tokens(chunk) if logprob else self._texts(chunk)
                 outcome = "answered"
             finally:
-                self.meter.ended(len(chunk), time.perf_counter() - began, outcome)  # type: ignore[arg-type]
+                self.meter.ended(len(chunk), time.perf_counter() - began, outcome)
         return replies
 
     def close(self) -> None:
