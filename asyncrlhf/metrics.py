@@ -78,6 +78,12 @@ REWARD_SCORING_ERRORS_TOTAL = _metric("reward", "scoring_errors", "total")
 REWARD_DEAD_LETTERED_GROUPS_TOTAL = _metric("reward", "dead_lettered_groups", "total")
 REWARD_DUPLICATE_GROUPS_TOTAL = _metric("reward", "duplicate_groups", "total")
 REWARD_WAITING_SINCE_SECONDS = _metric("reward", "waiting_since", "seconds")  # label: on
+# A language model as the judge (asyncrlhf.rewards.judge), each labelled by scorer (its component label).
+REWARD_JUDGE_CALLS_TOTAL = _metric("reward", "judge_calls", "total")  # labels: scorer, outcome
+REWARD_JUDGE_CALL_SECONDS = _metric("reward", "judge_call", "seconds")  # histogram, label: scorer
+REWARD_JUDGE_CALLS_IN_FLIGHT = _metric("reward", "judge_calls_in_flight")  # label: scorer
+REWARD_JUDGE_PARSE_FAILURES_TOTAL = _metric("reward", "judge_parse_failures", "total")  # label: scorer
+REWARD_JUDGE_CACHE_HITS_TOTAL = _metric("reward", "judge_cache_hits", "total")  # label: scorer
 
 LEARNER_VERSION = _metric("learner", "version")
 LEARNER_STEPS_TOTAL = _metric("learner", "steps", "total")
@@ -129,6 +135,7 @@ EVALUATOR_EVALUATIONS_TOTAL = _metric("evaluator", "evaluations", "total")
 EVALUATOR_EVAL_SECONDS = _metric("evaluator", "eval", "seconds")  # histogram
 EVALUATOR_SKIPPED_CHECKPOINTS_TOTAL = _metric("evaluator", "skipped_checkpoints", "total")  # label: reason
 EVALUATOR_WAITING_SINCE_SECONDS = _metric("evaluator", "waiting_since", "seconds")  # label: on
+EVALUATOR_JUDGED_WIN_RATE = _metric("evaluator", "judged_win_rate")  # label: bound (estimate, low, high)
 
 NAMES: frozenset[str] = frozenset(_named)  # every metric a service exports
 

@@ -25,7 +25,8 @@ RESULTS = Path("eval") / "results.jsonl"
 STAGES = "stages.jsonl"
 REPORT = "report.md"
 PLOTS = "plots"
-HEADLINE_KEYS = ("gold_reward", "win_rate", "kl")
+HEADLINE_KEYS = ("gold_reward", "win_rate", "kl", "judged_win_rate", "judged_win_rate_low",
+                 "judged_win_rate_high")
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -83,12 +84,25 @@ def _plot_metric(ax, results, x: str, y: str, xlabel: str, title: str, scale: fl
     xs, ys = _series(results, x, y)
     ax.plot([v * scale for v in xs], ys, marker="o")
     if y == "win_rate":
+        _plot_judged(ax, results, x, scale)
         ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="reference (0.5)")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(loc="best", fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
+
+
+def _plot_judged(ax, results, x: str, scale: float) -> None:
+    """The judged win rate (evaluator.judge) beside the gold one, its bootstrap interval as error bars."""
+    rows = [r for r in results if r.get("judged_win_rate") is not None and r.get(x) is not None]
+    if not rows:
+        return
+    ax.lines[-1].set_label("gold reward")
+    rates = [r["judged_win_rate"] for r in rows]
+    errors = [[rate - r["judged_win_rate_low"] for rate, r in zip(rates, rows, strict=True)],
+              [r["judged_win_rate_high"] - rate for rate, r in zip(rates, rows, strict=True)]]
+    ax.errorbar([r[x] * scale for r in rows], rates, yerr=errors, marker="s", capsize=3, label="judged")
 
 
 def _plot_frontier(ax, results) -> None:
@@ -175,6 +189,14 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def judged_text(row: dict) -> str:
+    """`0.562 [0.438, 0.688]`: a row's judged win rate and its bootstrap interval (`–` without one)."""
+    rate, low, high = (row.get(k) for k in ("judged_win_rate", "judged_win_rate_low", "judged_win_rate_high"))
+    if rate is None or low is None or high is None:
+        return "–"
+    return f"{rate:.3f} [{low:.3f}, {high:.3f}]"
+
+
 def _verdict(results: Sequence[dict]) -> str:
     if not results:
         return "No evaluations yet."
@@ -183,23 +205,28 @@ def _verdict(results: Sequence[dict]) -> str:
         return f"One evaluation (version {first['version']}): gold reward {_fmt(first['gold_reward'])}."
     delta = last["gold_reward"] - first["gold_reward"]
     direction = "rose" if delta > 0 else ("fell" if delta < 0 else "did not move")
+    judged = (f" Judged win rate against the reference {judged_text(last)} (evaluator.judge, both orders, "
+              "ties half, bootstrap interval)." if "judged_win_rate" in last else "")
     return (
         f"Gold reward {direction} from {_fmt(first['gold_reward'])} to {_fmt(last['gold_reward'])} "
         f"({delta:+.3f}) over {last['step'] - first['step']} steps; win rate against the reference "
-        f"{_fmt(last['win_rate'])}, at KL {_fmt(last['kl'])} nats."
+        f"{_fmt(last['win_rate'])}, at KL {_fmt(last['kl'])} nats.{judged}"
     )
 
 
 def _results_table(results: Sequence[dict]) -> list[str]:
+    """One row per version; a judged win rate column (with its interval) when any version has one."""
+    judged = any("judged_win_rate" in r for r in results)
     lines = [
-        "| version | step | elapsed (s) | gold reward | win rate | KL | perplexity | prompts |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| version | step | elapsed (s) | gold reward | win rate | KL | perplexity | prompts |"
+        + (" judged win rate [interval] |" if judged else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if judged else ""),
     ]
     for r in results:
         lines.append(
             f"| {r['version']} | {r['step']} | {_fmt(r.get('elapsed_s'), 1)} | {_fmt(r.get('gold_reward'))} "
             f"| {_fmt(r.get('win_rate'))} | {_fmt(r.get('kl'))} | {_fmt(r.get('perplexity'), 2)} "
-            f"| {r.get('n_prompts', '–')} |"
+            f"| {r.get('n_prompts', '–')} |" + (f" {judged_text(r)} |" if judged else "")
         )
     return lines
 

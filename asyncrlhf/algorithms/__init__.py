@@ -9,6 +9,12 @@ from asyncrlhf.algorithms.dpo import DPOLossType, dpo_loss, select_pairs
 from asyncrlhf.algorithms.dynamic_sampling import filter_reason, uninformative
 from asyncrlhf.algorithms.evaluation import perplexity, sequence_kl, win_rate
 from asyncrlhf.algorithms.grpo import grpo_advantages, grpo_loss
+from asyncrlhf.algorithms.judging import (
+    bootstrap_interval,
+    judged_preference,
+    ordered_pairs,
+    pairwise_scores,
+)
 from asyncrlhf.algorithms.kl import AdaptiveKLController, KLKind, kl_penalty, shape_rewards
 from asyncrlhf.algorithms.logprobs import sequence_logprobs, token_logprobs
 from asyncrlhf.algorithms.masking import masked_mean, masked_sum, masked_var, token_mean
@@ -42,6 +48,7 @@ __all__ = [
     "StalenessDecision",
     "StalenessMode",
     "best_of_n_loss",
+    "bootstrap_interval",
     "best_of_n_select",
     "bradley_terry_loss",
     "clipped_surrogate",
@@ -54,11 +61,14 @@ __all__ = [
     "grpo_advantages",
     "grpo_loss",
     "importance_weights",
+    "judged_preference",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "missing_eos_penalty",
+    "ordered_pairs",
+    "pairwise_scores",
     "perplexity",
     "policy_gradient_loss",
     "ppo_policy_loss",

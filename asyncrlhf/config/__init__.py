@@ -6,7 +6,7 @@ code's users type: `--learner.lr 1e-6` and `learner.lr=1e-6`. Values are parsed 
 
 `learner` is a union on `learner.algorithm`: the shared knobs plus that algorithm's own section
 (`learner.online_dpo`, `learner.policy_gradient`, `learner.ppo`). Scorers (`reward.scorers[]`,
-`evaluator.gold`) are a union on `kind`: `rule`, `model`, `remote`.
+`evaluator.gold`) are a union on `kind`: `rule`, `model`, `remote`, `judge`.
 
 Unknown keys and wrong types fail with the full dotted path and, for a typo, a "did you mean" suggestion; a
 knob of another algorithm or scorer kind, or a key that moved, names where it belongs. The resolved config
@@ -16,6 +16,7 @@ and its hash are what every service logs at start and what every checkpoint save
     run.py      run, redis, task, metrics, launch
     model.py    model, sampling, generator
     reward.py   scorers, reward, evaluator
+    judge.py    a language model as the judge (a scorer's and the evaluator's)
     learner.py  learner (one member per algorithm), kl, lora, deepspeed
     stages.py   sft, relabel, rm
     tree.py     Config: the whole tree, its YAML and hash
@@ -24,6 +25,7 @@ and its hash are what every service logs at start and what every checkpoint save
 """
 
 from asyncrlhf.config.base import ConfigError, Section, Tagged
+from asyncrlhf.config.judge import EvaluatorJudgeConfig, JudgeConfig, JudgeEndpointConfig, JudgeEngineConfig
 from asyncrlhf.config.learner import (
     BestOfNLearnerConfig,
     DeepSpeedConfig,
@@ -42,6 +44,7 @@ from asyncrlhf.config.loading import load_config, parse_overrides
 from asyncrlhf.config.model import GeneratorConfig, ModelConfig, SamplingConfig, TinyModelConfig, VLLMConfig
 from asyncrlhf.config.reward import (
     EvaluatorConfig,
+    JudgeScorerConfig,
     ModelScorerConfig,
     RemoteScorerConfig,
     RewardConfig,
@@ -66,7 +69,12 @@ __all__ = [
     "ConfigError",
     "DeepSpeedConfig",
     "EvaluatorConfig",
+    "EvaluatorJudgeConfig",
     "GeneratorConfig",
+    "JudgeConfig",
+    "JudgeEndpointConfig",
+    "JudgeEngineConfig",
+    "JudgeScorerConfig",
     "KLConfig",
     "LaunchConfig",
     "LearnerBase",

@@ -8,7 +8,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
@@ -39,6 +40,8 @@ class Slot:
 
 def field_slot(field: FieldInfo) -> Slot | None:
     held, metadata = field.annotation, list(field.metadata)
+    if get_origin(held) in (Union, UnionType) and type(None) in get_args(held):  # an optional section
+        held = next(arg for arg in get_args(held) if arg is not type(None))
     many = get_origin(held) is list
     if many:
         (held,) = get_args(held)

@@ -1,6 +1,6 @@
-"""What scores completions: the scorers (a union on `kind`: `rule`, `model`, `remote`), the reward service
-that sums them (`reward`), and the evaluator, which scores checkpoints with its own gold scorer
-(`evaluator.gold`)."""
+"""What scores completions: the scorers (a union on `kind`: `rule`, `model`, `remote`, `judge`), the reward
+service that sums them (`reward`), and the evaluator, which scores checkpoints with its own gold scorer
+(`evaluator.gold`) and, optionally, a pairwise judge (`evaluator.judge`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from asyncrlhf.config.base import Section, Tagged
+from asyncrlhf.config.judge import EvaluatorJudgeConfig, JudgeConfig
 
 
 class _Scorer(Section):
-    kind: str = Field(description="`rule` (Python), `model` (a reward model) or `remote` (HTTP).")
+    kind: str = Field(description="`rule` (Python), `model` (a reward model), `remote` (HTTP) or `judge` (a "
+                      "language model that reads the answer).")
     weight: float = Field(1.0, description="Weight in the summed reward.")
 
 
@@ -50,7 +52,15 @@ class RemoteScorerConfig(_Scorer):
     token: str | None = Field(None, description="Bearer token sent to the server (never printed or saved).")
 
 
-ScorerConfig = Annotated[RuleScorerConfig | ModelScorerConfig | RemoteScorerConfig, Tagged("kind")]
+class JudgeScorerConfig(_Scorer, JudgeConfig):
+    """A language model as the judge (docs/judges.md): its reply to a template becomes the score."""
+
+    kind: Literal["judge"] = "judge"
+
+
+ScorerConfig = Annotated[
+    RuleScorerConfig | ModelScorerConfig | RemoteScorerConfig | JudgeScorerConfig, Tagged("kind")
+]
 
 
 def _sentiment() -> list[ScorerConfig]:
@@ -108,4 +118,7 @@ class EvaluatorConfig(Section):
         "policy's greedy completions, cached in `<run.dir>/eval/references.jsonl`.",
     )
     batch_size: int = Field(16, ge=1, description="Prompts generated and scored per forward pass.")
+    judge: EvaluatorJudgeConfig | None = Field(
+        None, description="A pairwise judge of each checkpoint's answers against the references (both "
+        "orders, ties half, a bootstrap interval), reported beside the gold reward; None: off.")
 

@@ -9,7 +9,9 @@ sizes (`asyncrlhf.planning.memory` has the arithmetic and its approximations).
 - reward: each scorer's model (`SCORER_DEMANDS`, by scorer kind), scoring `reward.batch_size` inputs;
 - evaluator: the reference and the checkpoint being evaluated, their KV cache, and the gold scorer's model.
 
-A scorer kind that holds memory adds its function to SCORER_DEMANDS (a `judge` scorer's engine goes there).
+A scorer kind that holds memory adds its function to SCORER_DEMANDS. A judge (`reward.scorers[].kind: judge`,
+`evaluator.judge`) whose model runs in this process holds its engine on the device of the service that asks
+it (the reward replica's, or the evaluator's); one behind an endpoint (`endpoint.url`) holds nothing here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrlhf.config import Config, ModelScorerConfig, ScorerConfig
+from asyncrlhf.config import Config, JudgeConfig, ModelScorerConfig, ScorerConfig
 from asyncrlhf.models import named_model, resolve_dtype
 from asyncrlhf.planning import memory as mem
 from asyncrlhf.planning.placement import CPU, Process
@@ -58,19 +60,42 @@ def model_scorer(sc: ModelScorerConfig, cfg: Config, device: str) -> list[tuple[
              mem.inference_activations(shape, cfg.reward.batch_size, tokens, size))]
 
 
-# scorer kind -> (its config, the run's, its device) -> [(what, bytes)]
+def judge_engine(judge: JudgeConfig, cfg: Config, device: str, gpu_bytes: int) -> list[tuple[str, int]]:
+    """A judge's engine in this process: vLLM's share of the GPU (its weights and KV cache inside it), or on
+    the CPU its weights and KV cache (`engine.kv_cache_gib`); transformers: its weights and one batch of
+    `batch_size` prompts scored at `engine.max_model_len`. Nothing for a judge behind an endpoint."""
+    if judge.remote:
+        return []
+    name, engine = judge.model.name_or_path, judge.engine
+    if engine.backend == "vllm" and device != CPU:
+        return [(f"judge {name}: vLLM's share (gpu_memory_utilization {engine.gpu_memory_utilization:.2f})",
+                 int(engine.gpu_memory_utilization * gpu_bytes))]
+    dtype = _torch_dtype(device, judge.model.dtype)
+    shape = model_shape(judge.model, "causal")
+    size = mem.DTYPE_BYTES[dtype]
+    weights = (f"judge {name} weights ({dtype})", mem.weights(shape.params, size))
+    if engine.backend == "vllm":
+        return [weights, (f"judge {name}: vLLM KV cache (engine.kv_cache_gib)",
+                          engine.kv_cache_gib * mem.GIB)]
+    tokens = engine.max_model_len or shape.max_positions
+    return [weights, (f"judge {name}: scoring {judge.batch_size} x {tokens} tokens",
+                      mem.inference_activations(shape, judge.batch_size, tokens, size))]
+
+
+# scorer kind -> (its config, the run's, its device, a GPU's bytes) -> [(what, bytes)]
 SCORER_DEMANDS: dict[str, Callable[..., list[tuple[str, int]]]] = {
-    "rule": lambda sc, cfg, device: [],
-    "remote": lambda sc, cfg, device: [],
-    "model": model_scorer,
+    "rule": lambda sc, cfg, device, gpu_bytes: [],
+    "remote": lambda sc, cfg, device, gpu_bytes: [],
+    "model": lambda sc, cfg, device, gpu_bytes: model_scorer(sc, cfg, device),
+    "judge": judge_engine,
 }
 
 
-def scorer_demands(sc: ScorerConfig, cfg: Config, device: str) -> list[tuple[str, int]]:
+def scorer_demands(sc: ScorerConfig, cfg: Config, device: str, gpu_bytes: int) -> list[tuple[str, int]]:
     if sc.kind not in SCORER_DEMANDS:
         raise ValueError(f"asyncrlhf plan does not know what a `{sc.kind}` scorer holds: add it to "
                          "SCORER_DEMANDS in asyncrlhf/planning/demands.py")
-    return SCORER_DEMANDS[sc.kind](sc, cfg, device)
+    return SCORER_DEMANDS[sc.kind](sc, cfg, device, gpu_bytes)
 
 
 def demands(process: Process, cfg: Config, gpu_bytes: int) -> list[Demand]:
@@ -148,7 +173,7 @@ def _generator(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str,
 def _reward(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, str, int]]:
     device = process.devices[0]
     return [(device, item, size)
-            for sc in cfg.reward.scorers for item, size in scorer_demands(sc, cfg, device)]
+            for sc in cfg.reward.scorers for item, size in scorer_demands(sc, cfg, device, gpu_bytes)]
 
 
 def _evaluator(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str, str, int]]:
@@ -161,5 +186,7 @@ def _evaluator(process: Process, cfg: Config, gpu_bytes: int) -> list[tuple[str,
              (device, f"KV cache and KL scoring ({ec.batch_size} x {tokens} tokens)",
               mem.kv_cache(policy, ec.batch_size, tokens, size)
               + mem.inference_activations(policy, ec.batch_size, tokens, size))]
-    gold = [(device, f"gold: {item}", size) for item, size in scorer_demands(ec.gold, cfg, device)]
-    return items + gold
+    gold = [(device, f"gold: {item}", size)
+            for item, size in scorer_demands(ec.gold, cfg, device, gpu_bytes)]
+    judged = judge_engine(ec.judge, cfg, device, gpu_bytes) if ec.judge is not None else []
+    return items + gold + [(device, f"evaluator.judge: {item}", size) for item, size in judged]

@@ -54,7 +54,7 @@ class ScoreResult:
 
 
 class Scorer(Protocol):
-    """Anything that scores completions: a reward model, a rule, a remote server."""
+    """Anything that scores completions: a reward model, a rule, a remote server, a language model judge."""
 
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], labels: Sequence[str] | None = None

@@ -1,7 +1,8 @@
 """Gold evaluation of a policy on the held-out prompts: what `asyncrlhf eval` and the evaluator service run.
 
 For each policy: its completions (greedy by default) are scored with the *gold* reward (`evaluator.gold`),
-compared prompt by prompt with reference completions (win rate, ties half), and their tokens are scored
+compared prompt by prompt with reference completions (win rate, ties half; with `evaluator.judge`, also a
+pairwise judge's win rate with its interval: `asyncrlhf.stages.judged_eval`), and their tokens are scored
 by the policy and the reference policy (the run's initial model) for the KL estimate and perplexity
 (`asyncrlhf.algorithms.evaluation`).
 
@@ -28,6 +29,7 @@ from asyncrlhf.rewards import Item, build_reward
 from asyncrlhf.sampling.offline import Generation, PolicySampler, completion_token_logprobs, sampling_for
 from asyncrlhf.stages.common import StageError, read_jsonl, read_records, take, write_jsonl
 from asyncrlhf.stages.episode_eval import HeldOutEpisodes
+from asyncrlhf.stages.judged_eval import JudgedWinRate
 from asyncrlhf.tasks import load_task, plain_text
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ class GoldEvaluation:
         self._reference_scores: torch.Tensor | None = None
         self.episodes = (HeldOutEpisodes(cfg, tokenizer, self.sampler)
                          if cfg.task.env.kind != "none" and self.dataset_references is None else None)
+        self.judged = JudgedWinRate(ec.judge, cfg.run.seed) if ec.judge is not None else None
 
     @property
     def sampling(self):
@@ -116,17 +119,23 @@ class GoldEvaluation:
         policy_logps, mask = completion_token_logprobs(policy, prompt_ids, completion_ids, pad, batch)
         reference_logps, _ = completion_token_logprobs(self.reference, prompt_ids, completion_ids, pad, batch)
         mask = mask * model_tokens(generations, mask.shape[1])
+        judged = {} if self.judged is None else self.judged.measure(
+            self.prompts, [g.completion for g in generations], [g.completion for g in self.references()],
+            self.labels)
         return {
             "gold_reward": float(scores.mean()),
             "win_rate": float(A.win_rate(scores, self._reference_scores)),
             "kl": float(A.sequence_kl(policy_logps, reference_logps, mask).mean()),
             "perplexity": float(A.perplexity(reference_logps, mask).mean()),
             "n_prompts": len(generations),
+            **judged,
         }
 
     def close(self) -> None:
         if self.episodes is not None:
             self.episodes.close()
+        if self.judged is not None:
+            self.judged.close()
 
     def score(self, generations: Sequence[Generation]) -> torch.Tensor:
         """(B,) gold rewards."""

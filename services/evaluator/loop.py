@@ -4,6 +4,7 @@
 Each evaluation appends one row to `<run.dir>/eval/results.jsonl`:
     version, step (= version - 1), checkpoint ("initial" for the starting policy), time (unix),
     elapsed_s (since the run's first row), gold_reward, win_rate, kl, perplexity, n_prompts
+    (with evaluator.judge also judged_win_rate, judged_win_rate_low / _high, judged_ties, judged_unparsed)
 then updates the gauges and rewrites `<run.dir>/report.md`. A restarted evaluator skips versions already
 in the file; the consumer group on the broadcast events stream resumes where it was.
 """
@@ -22,7 +23,7 @@ from asyncrlhf._proto.events_pb2 import EVENT_KIND_CHECKPOINT_SAVED, EVENT_KIND_
 from asyncrlhf.config import Config
 from asyncrlhf.metrics import make_app
 from asyncrlhf.models import ModelLoadError, load_tokenizer, set_threads
-from asyncrlhf.report import load_results, write_report
+from asyncrlhf.report import judged_text, load_results, write_report
 from asyncrlhf.service import HttpServer, ServiceError, check_bind
 from asyncrlhf.stages.evaluation import GoldEvaluation, eval_dir
 from asyncrlhf.stalls import Wait
@@ -167,12 +168,13 @@ class Evaluator:
         self.trackers.log_scalars(scalars, step=row["step"])
         self.metrics.eval_time.observe(time.perf_counter() - started)
         log.info(
-            "version %d: gold reward %.4f win rate %.3f KL %.4f perplexity %.2f",
+            "version %d: gold reward %.4f win rate %.3f KL %.4f perplexity %.2f%s",
             version,
             row["gold_reward"],
             row["win_rate"],
             row["kl"],
             row["perplexity"],
+            f"; judged win rate {judged_text(row)}" if "judged_win_rate" in row else "",
         )
         try:
             write_report(self.cfg.run.path)

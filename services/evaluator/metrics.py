@@ -25,6 +25,13 @@ class EvaluatorMetrics:
         self.perplexity = Gauge(
             names.EVALUATOR_PERPLEXITY, "Reference-policy perplexity of the completions.", registry=r
         )
+        self.judged_win_rate = Gauge(
+            names.EVALUATOR_JUDGED_WIN_RATE,
+            "Judged win rate against the reference answers (evaluator.judge: both orders, ties half), "
+            "its estimate and its bootstrap interval's bounds.",
+            ["bound"],
+            registry=r,
+        )
         self.version = Gauge(names.EVALUATOR_VERSION, "Policy version last evaluated.", registry=r)
         self.evaluations = Counter(
             names.EVALUATOR_EVALUATIONS_TOTAL, "Policy versions evaluated.", registry=r
@@ -54,4 +61,8 @@ class EvaluatorMetrics:
         self.kl.set(row["kl"])
         self.perplexity.set(row["perplexity"])
         self.version.set(row["version"])
+        for bound, key in (("estimate", "judged_win_rate"), ("low", "judged_win_rate_low"),
+                           ("high", "judged_win_rate_high")):
+            if row.get(key) is not None:
+                self.judged_win_rate.labels(bound).set(row[key])
         self.evaluations.inc()

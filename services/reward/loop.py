@@ -147,7 +147,7 @@ def serve(cfg: Config, log: logging.Logger, stop: threading.Event) -> int:
     log.info("reward HTTP on %s", server.url)
     try:
         try:
-            reward = build_reward(rc, cfg.model)
+            reward = build_reward(rc, cfg.model, metrics.judge)
         except ScorerConfigError as err:
             raise ServiceError(str(err)) from err
         streams = RunStreams.from_config(cfg)

@@ -150,3 +150,26 @@ def test_overwrite_replaces_only_this_benchs_runs(tmp_path):
     fresh_run_dirs(tmp_path, ["inprocess-hf", "sync-hf", "async1-hf"], overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "result.json"]
     fresh_run_dirs(tmp_path, ["sync-hf"], overwrite=False)  # nothing left there: nothing to refuse
+
+
+def test_bench_judge_measures_agreement_calls_and_the_pipeline_with_a_judge_beside_a_rule(tmp_path):
+    """`asyncrlhf bench judge` at its smallest: the tiny model as the policy and as the judge (in
+    transformers), 4 samples, two runs of 2 steps (the judge's reward, the gold rule's)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    judge = "reward.scorers=[{kind: judge, model: {name_or_path: tiny}, engine: {backend: hf, device: cpu}}]"
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "judge", "--config", "configs/tiny.yaml",
+           "--samples", "4", "--steps", "2", "--json", "--out", str(tmp_path), judge]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["samples"] == 4 and result["requests"] == len({(e["prompt"], e["completion"])
+                                                                   for e in result["examples"]})
+    assert result["calls_per_s"] > 0 and result["cached_calls_per_s"] > 0 and -1 <= result["spearman"] <= 1
+    pipeline = result["pipeline"]
+    for name in ("judge", "rule"):
+        run = pipeline[name]
+        assert run["s_per_step"] > 0 and run["bound_by"] in ("generation", "scoring", "training")
+        assert run["breakdown"]["scoring"] > 0
+    assert pipeline["judge"]["judge_requests_per_s"] > 0 and pipeline["rule"]["judge_requests_per_s"] == 0
+    assert pipeline["judge_vs_rule_s_per_step"] == pytest.approx(
+        pipeline["judge"]["s_per_step"] / pipeline["rule"]["s_per_step"])

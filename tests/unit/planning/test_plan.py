@@ -82,3 +82,15 @@ def test_up_on_a_gpu_machine_refuses_a_run_that_names_a_gpu_it_lacks():
     assert refusal is not None and f"names GPU {count}" in refusal and "launch.check_plan=false" in refusal
     assert plan_refusal(load_config(["configs/tiny.yaml"], ["launch.check_plan=false",
                                                             f"launch.gpus.learner={count}"]), []) is None
+
+
+def test_a_judge_in_the_reward_replica_holds_its_engine_there_and_one_behind_an_endpoint_holds_nothing():
+    cfg = load_config([NODE], ["reward.scorers=[{kind: judge, model: {name_or_path: tiny}, "
+                               "engine: {gpu_memory_utilization: 0.3}}]"])
+    plan = make_plan(cfg, gpus=4, gpu_bytes=80 * mem.GIB)
+    judged = [d for d in plan.demands if d.service == "reward-0" and "judge" in d.item]
+    assert [(d.device, d.bytes) for d in judged] == [("gpu 0", int(0.3 * 80 * mem.GIB))]  # vLLM's share
+    assert not plan.fits  # the generator's 0.7 and the judge's 0.3 of GPU 0 leave nothing for a context
+    assert "reward-0 judge tiny: vLLM's share (gpu_memory_utilization 0.30) 24.0" in plan.refusals()[0]
+    remote = load_config([NODE], ["reward.scorers=[{kind: judge, endpoint: {url: 'http://judge:8000/v1'}}]"])
+    assert not [d for d in make_plan(remote, gpus=4, gpu_bytes=80 * mem.GIB).demands if "judge" in d.item]
