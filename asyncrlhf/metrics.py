@@ -58,6 +58,7 @@ GENERATOR_PROMPTS_PENDING = _metric("generator", "prompts_pending")
 GENERATOR_ENGINE_OCCUPANCY = _metric("generator", "engine_occupancy")  # continuous: running / capacity
 GENERATOR_CONTINUED_SAMPLES_TOTAL = _metric("generator", "continued_samples", "total")
 GENERATOR_HANDED_ON_SAMPLES_TOTAL = _metric("generator", "handed_on_samples", "total")
+GENERATOR_VERSION_WAITS_TOTAL = _metric("generator", "version_waits", "total")  # hand-ons of a newer version
 GENERATOR_WRITTEN_TOKENS_TOTAL = _metric("generator", "written_tokens", "total")  # in groups written
 GENERATOR_EPISODE_TURNS = _metric("generator", "episode_turns")  # histogram: model turns per episode
 GENERATOR_EPISODES_TOTAL = _metric("generator", "episodes", "total")  # label: end (done, timeout, error, ...)
