@@ -138,6 +138,16 @@ def token_score(step: Mapping[int, Any], token: int, top_n: int) -> TokenScore:
     return step[token].logprob, [(token_id, logprob) for _, token_id, logprob in top]
 
 
+def outlive_generator_never(llm: Any) -> None:
+    """Have the engine's processes end with this one, however it ends (`engine_lifetime`); where they cannot
+    watch it, say that a SIGKILL of this process would leave them running."""
+    try:
+        llm.collective_rpc("asyncrlhf_die_with", args=(os.getpid(),))
+    except Exception as err:  # noqa: BLE001 - the engine serves either way; the operator must know
+        log.warning("the vLLM engine's processes cannot watch this generator (%s): if it is killed, end "
+                    "them yourself (`VLLM::EngineCore`, `VLLM::Worker`)", err)
+
+
 @contextlib.contextmanager
 def swapping(llm: Any, step: int) -> Iterator[None]:
     """Keep `llm`'s engine from stepping while its weights change, then label its steps from here on with
@@ -198,6 +208,8 @@ class VLLMBackend:
         local = in_process(cfg, env)
         backend = cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,
                       handoff=None if local or not shared_handoff(cfg) else Handoff())
+        if not local:
+            outlive_generator_never(llm)
         if not local and worker_joins(cfg):  # before any request: the RPC has the engine to itself
             authkey = secrets.token_bytes(32)
             ((address, backends),) = llm.collective_rpc("asyncrlhf_join_rounds", args=(authkey,))
