@@ -93,6 +93,7 @@ LEARNER_STEP_STAT = _metric("learner", "step_stat")  # label: stat
 LEARNER_STALENESS_VERSIONS = _metric("learner", "staleness_versions")  # histogram
 LEARNER_STALE_GROUPS_TOTAL = _metric("learner", "stale_groups", "total")  # label: action
 LEARNER_TOKEN_STALENESS_VERSIONS = _metric("learner", "token_staleness_versions")  # histogram, per token
+LEARNER_SAMPLE_TOKENS = _metric("learner", "sample_tokens")  # histogram, label: stage (generated, trained)
 LEARNER_WAIT_SECONDS_TOTAL = _metric("learner", "wait_seconds", "total")  # waiting on data (autoscalers)
 LEARNER_PUSH_WAIT_SECONDS_TOTAL = _metric("learner", "push_wait_seconds", "total")  # waiting on a push
 LEARNER_WAITING_FRACTION = _metric("learner", "waiting_fraction")  # label: on (data, push); last steps

@@ -184,6 +184,9 @@ class Inbox:
             self.metrics.old_lineage.labels(_STALE_LABELS[verdict.decision.action]).inc()
         if verdict.decision is not None and verdict.decision.action != "fresh":
             self.metrics.stale.labels(_STALE_LABELS[verdict.decision.action]).inc()
+        if verdict.decision is not None:  # judged on staleness: the lengths generated, beside those trained
+            for sample in delivery.message.samples:
+                self.metrics.sample_tokens.labels("generated").observe(len(sample.completion_token_ids))
         if verdict.action in (Action.DUPLICATE, Action.REQUEUE):
             self.consumer.ack([delivery])
         if verdict.action is Action.REQUEUE:  # its earlier training was lost: sample it again

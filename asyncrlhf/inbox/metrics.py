@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 
 class InboxMetrics(Protocol):
     groups: Counter  # groups ended, by outcome
     stale: Counter  # groups beyond max_staleness, by action
+    sample_tokens: Histogram  # completion tokens per sample, by stage (generated: judged on staleness)
     old_lineage: Counter  # groups sampled by an older lineage's weights, by action
     requeued: Counter  # groups enqueued again, by reason
     filtered: Counter  # groups filtered by dynamic sampling, by reason
