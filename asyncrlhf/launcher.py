@@ -85,6 +85,16 @@ class Service:
             except ProcessLookupError:
                 pass
 
+    def end_leftovers(self) -> None:
+        """SIGKILL what is left of an exited service's process group: its children (each service starts a
+        session of its own), such as a vLLM engine the generator was still starting when it was killed (once
+        started, the engine watches the generator itself: `asyncrlhf.engine_lifetime`)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
 
 def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str | None) -> list[Service]:
     """The processes of a run, in start order: reward and generators first, the learner, the evaluator.
@@ -250,6 +260,7 @@ class Launcher:
     def _handle_crash(self, svc: Service, code: int) -> bool:
         """Schedule a restart after its back-off if allowed; otherwise report it. Returns whether the run
         goes on. A restarted learner resumes from the latest checkpoint (its default)."""
+        svc.end_leftovers()  # before a restart: an engine left running would hold the memory it needs
         if not self.cfg.launch.restart:
             self._report_crash(svc, code)
             return False
