@@ -4,7 +4,7 @@ Starts `asyncrlhf up CONFIG` with restarts on (`launch.restart=true`), then ever
 SIGKILLs one service chosen at random by `--seed`: the learner, a generator or a reward replica, and the
 embedded Redis `--redis-kills` times (default once, among the first six kills). `up` restarts each (the
 learner resumes from its latest checkpoint, Redis from its append-only file). `--signal term` stops instead
-(SIGTERM: a scale-down), `--signal mixed` picks one of the two at random for each. When the run ends it
+(SIGTERM: a scale-down), `--signal mixed` SIGKILLs and SIGTERMs in turn. When the run ends it
 prints the kills per service, the restarts, the steps reached, the verdict of `asyncrlhf audit` (groups lost,
 trained twice, updates lost; dead letters by reason) and the processes a killed generator left running (its
 vLLM engine's, `engine_lifetime`).
@@ -67,7 +67,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "--redis-kills)")
     parser.add_argument("--signal", choices=tuple(SIGNALS), default="kill",
                         help="SIGKILL (no warning), SIGTERM (a scale-down: the service stops cleanly), or "
-                        "either at random for each kill")
+                        "the two in turn")
     parser.add_argument("--tokens", action="store_true",
                         help="continuous generators: count the tokens sampled twice (asyncrlhf.bench."
                         "regenerated): each generator's counters are read just before it is killed")
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
             if not live:  # it is restarting right now
                 continue
             victim = rng.choice(sorted(live))
-            sig = signals[0] if len(signals) == 1 else rng.choice(signals)
+            sig = signals[sum(kills.counts.values()) % len(signals)]
             if kind == "generator":
                 kills.left += descendants(victim)
             reading = (read_before_kill(victim, capacity)
