@@ -79,6 +79,7 @@ class ContinuousLoop(GeneratorLoop):
             self.metrics.waiting.wait(Wait.PROMPTS)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             self.metrics.occupancy.set(0.0)
+            self._keep_held()  # groups waiting for a version
             return self._emit(self.sampler.finished_now())
         self.metrics.waiting.work()
         before = self.sampler.sampled_tokens
@@ -95,6 +96,7 @@ class ContinuousLoop(GeneratorLoop):
             self.metrics.tokens_per_second.set(tokens / seconds)
         written = self._emit(ended + self.sampler.finished_now())
         self._save_due()
+        self._keep_held()
         return written
 
     def _await_weights(self, timeout_s: float) -> None:
@@ -182,19 +184,21 @@ class ContinuousLoop(GeneratorLoop):
                              run.started_at, now, self._decode)
 
     def _save_due(self) -> None:
-        """Save the groups grown by `save_every_tokens` on any sample since their last save, and keep every
-        group in flight from being re-claimed as stalled."""
-        runs = self.sampler.groups
+        """Save the groups grown by `save_every_tokens` on any sample since their last save."""
         every = self.cfg.generator.save_every_tokens
-        due = [run for run in runs
+        due = [run for run in self.sampler.groups
                if max((len(s.token_ids) for s in run.samples), default=0) >= every
                and run.tokens - run.saved_tokens >= every]
         if due and self.partials:
             self.partials.save([self._progress(run) for run in due])
             for run in due:
                 run.saved_tokens = run.tokens
+
+    def _keep_held(self) -> None:
+        """Keep every group in flight, and every group waiting for a version, from being re-claimed as
+        stalled."""
         now = time.monotonic()
-        held = [run.tag for run in runs] + [w.item[0] for w in self.waiting.items()]
+        held = [run.tag for run in self.sampler.groups] + [w.item[0] for w in self.waiting.items()]
         if held and now >= self._next_hold:
             self._next_hold = now + self._hold_every_s
             hold(self.consumer, held)

@@ -1,6 +1,6 @@
 """Episodes in the continuous loop (`generator.mode: continuous` with `task.env`): the continuous loop's Redis
-I/O, engine thread, saves and hand-on, over `asyncrlhf.envs.continuous.ContinuousEpisodes` instead of single-turn
-samples.
+I/O, engine thread, saves and hand-on, over `asyncrlhf.envs.continuous.ContinuousEpisodes` instead of
+single-turn samples.
 
     read groups while slots are free (handed-on or saved episodes replayed) -> environment calls that
     returned put their episodes' next turns into the engine -> one engine step -> XADD each
