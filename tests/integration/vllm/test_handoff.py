@@ -350,7 +350,8 @@ def test_only_the_loops_thread_talks_to_the_engine_while_pushes_arrive_and_group
     # The generator service, continuous, on the engine process: groups are read and added while the learner
     # pushes versions over gRPC. The push's pause, load, label and resume go to the loop's thread, which runs
     # them between two steps: one thread ever sends on the client's socket (on a ZMQ socket, two at once
-    # garble a message and kill the engine).
+    # garble a message and kill the engine). Another thread that tries to step is refused; once the loop has
+    # stopped, a push is refused (the generator is stopping) and the version served stays.
     base, _, backend, prompts = engine
     cfg = base.model_copy(update={
         "run": base.run.model_copy(update={"name": run_name}),
@@ -384,13 +385,32 @@ def test_only_the_loops_thread_talks_to_the_engine_while_pushes_arrive_and_group
             assert time.monotonic() < deadline, "the loop did not write the groups"
             service.loop.step()
         pusher.join()
+        refused: list[str] = []
+
+        def intrude() -> None:
+            try:
+                service.loop.engine.step()
+            except RuntimeError as err:
+                refused.append(str(err))
+
+        intruder = threading.Thread(target=intrude)
+        intruder.start()
+        intruder.join()
+        service.loop.hand_on()  # the end of the loop's `run`
+        service.loop.engine.fail_waiting("the generator is stopping")
+        served = backend.version
+        with WeightPusher.from_config(cfg, routes=(Route.SHM,)) as late:
+            (after_stop,) = late.push(perturbed_state_dict(learner, seed=70, scale=0.2),
+                                      PolicyVersion(1, served + 1), [target])
     finally:
         entries.close()
-        service.loop.hand_on()
         service.close()
         backend.driver, backend.recompute_inflight = None, False
     assert [o.status for o in outcomes] == ["ok"] * 4, [o.detail for o in outcomes]
     assert entries.threads == {threading.current_thread().name} and entries.overlaps == 0, entries.threads
+    assert refused and "only the thread that built it talks to the engine" in refused[0]
+    assert after_stop.status != "ok" and "the generator is stopping" in after_stop.detail, after_stop.detail
+    assert backend.version == served
     written = [RolloutGroup.FromString(f[PAYLOAD_FIELD])
                for _, f in redis_client.xrange(run_key(run_name, ROLLOUTS.name))]
     assert len({v for g in written for s in g.samples for v in s.token_versions}) > 1  # across pushes
