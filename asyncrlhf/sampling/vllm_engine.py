@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
+from asyncrlhf import engine_lifetime
 from asyncrlhf.config import Config, LoraConfig, ModelConfig
 from asyncrlhf.model_sources import resolve_model_dir
 from asyncrlhf.models import load_policy, resolve_device, wrap_lora
-from asyncrlhf import engine_lifetime
 from asyncrlhf.weights import handoff
 from asyncrlhf.weights.codec import adapter_tensors
 from asyncrlhf.weights.engine_member import WorkerRounds, tagged
