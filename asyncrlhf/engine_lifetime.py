@@ -9,6 +9,10 @@ watches it through a pidfd (no polling, no pid reuse) and, when it exits, SIGKIL
 itself and the generator, itself last. A parent-death signal (`PR_SET_PDEATHSIG`) would need code in the
 core's process, which vLLM spawns; the worker is where ours runs.
 
+The workers watch only once the engine has started: a generator killed while its engine starts leaves it
+running. `asyncrlhf up` starts each service in a process group of its own and ends what is left of the group
+before it restarts the service (`end_group`).
+
 `descendants` and `alive` read /proc: which processes a generator had, and which of them outlived it (tests,
 `asyncrlhf bench chaos`). Linux only, as vLLM is.
 """
@@ -69,6 +73,14 @@ def _kill(chain: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def end_group(pgid: int) -> None:
+    """SIGKILL every process left in process group `pgid` (that of a service whose leader exited)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left
+        pass
 
 
 def descendants(pid: int) -> list[Process]:

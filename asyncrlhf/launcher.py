@@ -25,6 +25,7 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
+from asyncrlhf.engine_lifetime import end_group
 from asyncrlhf.progress import Progress, RunState
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
@@ -52,6 +53,8 @@ class Service:
     started_at: float = 0.0  # time.monotonic() of the last start
 
     def start(self) -> None:
+        if self.proc is not None:  # a restart: first what the last run left (an engine it was starting)
+            end_group(self.proc.pid)
         self.started_at = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
@@ -82,16 +85,6 @@ class Service:
         if self.proc and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def end_leftovers(self) -> None:
-        """SIGKILL what is left of an exited service's process group: its children (each service starts a
-        session of its own), such as a vLLM engine the generator was still starting when it was killed (once
-        started, the engine watches the generator itself: `asyncrlhf.engine_lifetime`)."""
-        if self.proc is not None and self.proc.poll() is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -260,7 +253,6 @@ class Launcher:
     def _handle_crash(self, svc: Service, code: int) -> bool:
         """Schedule a restart after its back-off if allowed; otherwise report it. Returns whether the run
         goes on. A restarted learner resumes from the latest checkpoint (its default)."""
-        svc.end_leftovers()  # before a restart: an engine left running would hold the memory it needs
         if not self.cfg.launch.restart:
             self._report_crash(svc, code)
             return False

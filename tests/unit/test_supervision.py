@@ -8,9 +8,8 @@ import time
 
 import pytest
 
-from asyncrlhf.config import load_config
 from asyncrlhf.engine_lifetime import alive, descendants
-from asyncrlhf.launcher import Launcher, Service
+from asyncrlhf.launcher import Service
 from asyncrlhf.supervision import RestartPolicy, cap_message
 
 pytestmark = pytest.mark.unit
@@ -47,24 +46,26 @@ def test_the_cap_message_names_the_service_its_code_the_risk_and_its_log():
     assert "/run/logs/learner.log" in text
 
 
-def test_a_crashed_service_leaves_no_child_behind_before_its_restart(tmp_path):
+def test_a_crashed_service_leaves_no_child_behind_when_it_restarts(tmp_path):
     # A generator SIGKILLed while its vLLM engine was still starting (before the engine watches it) leaves
-    # the engine in its process group: `up` ends the group before it restarts the service.
+    # the engine in its process group: `up` ends the group when it starts the service again.
     spawn = ("import subprocess, sys, time; "
              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
     svc = Service("generator-0", "generator", [sys.executable, "-c", spawn], dict(os.environ),
-                  tmp_path / "generator-0.log", port=0, policy=RestartPolicy(3, 60))
+                  tmp_path / "generator-0.log", port=0)
     svc.start()
-    deadline = time.monotonic() + 30
-    while not (children := descendants(svc.proc.pid)):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.kill(svc.proc.pid, signal.SIGKILL)  # the service only: its child lives on, re-parented
-    code = svc.wait(10)
-    assert alive(children)
-    launcher = Launcher(load_config(["configs/tiny.yaml"], ["launch.restart=true"]), [], [])
-    assert launcher._handle_crash(svc, code) and svc.pending is not None  # restart scheduled...
-    deadline = time.monotonic() + 10
-    while alive(children):  # ...and the leftover ended
-        assert time.monotonic() < deadline, "the crashed service's child outlived it"
-        time.sleep(0.05)
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := descendants(svc.proc.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(svc.proc.pid, signal.SIGKILL)  # the service only: its child lives on, re-parented
+        svc.wait(10)
+        assert alive(children)
+        svc.start()  # the restart
+        deadline = time.monotonic() + 10
+        while alive(children):
+            assert time.monotonic() < deadline, "the crashed service's child outlived its restart"
+            time.sleep(0.05)
+    finally:
+        svc.signal(signal.SIGKILL)
