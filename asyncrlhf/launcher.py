@@ -26,6 +26,7 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
+from asyncrlhf.engine_lifetime import end_group
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
@@ -57,6 +58,8 @@ class Service:
     exit_note: str = ""  # how it crashed last, and why (`asyncrlhf.stalls.crashes`)
 
     def start(self) -> None:
+        if self.proc is not None:  # a restart: first what the last run left (an engine it was starting)
+            end_group(self.proc.pid)
         self.started_at = time.monotonic()
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

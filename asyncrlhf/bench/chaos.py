@@ -3,10 +3,12 @@
 Starts `asyncrlhf up CONFIG` with restarts on (`launch.restart=true`), then every 4-8 s (`--every A,B`)
 SIGKILLs one service chosen at random by `--seed`: the learner, a generator or a reward replica, and the
 embedded Redis `--redis-kills` times (default once, among the first six kills). `up` restarts each (the
-learner resumes from its latest checkpoint, Redis from its append-only file). When the run ends it prints
-the kills per service, the restarts, the steps reached and the verdict of `asyncrlhf audit`: groups lost,
-trained twice, updates lost.
-Exit 0 when the run reached `learner.total_steps` and the audit is clean.
+learner resumes from its latest checkpoint, Redis from its append-only file). `--signal term` stops instead
+(SIGTERM: a scale-down), `--signal mixed` SIGKILLs and SIGTERMs in turn. When the run ends it
+prints the kills per service, the restarts, the steps reached, the verdict of `asyncrlhf audit` (groups lost,
+trained twice, updates lost; dead letters by reason) and the processes a killed generator left running (its
+vLLM engine's, `engine_lifetime`).
+Exit 0 when the run reached `learner.total_steps`, the audit is clean and no killed generator left a process.
 
 Defaults (overridable): configs/tiny.yaml, 2 generators, 2 reward replicas, 300 steps, a checkpoint every
 7 steps, and short fault-detection timeouts so that a killed service is noticed within seconds.
@@ -25,9 +27,11 @@ import sys
 import time
 from collections import Counter
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf.consumed import Kind, rows_of
+from asyncrlhf.engine_lifetime import Process, alive, descendants
 
 DEFAULTS = [
     "generator.replicas=2", "reward.replicas=2", "launch.restart=true", "launch.evaluator=false",
@@ -37,6 +41,16 @@ DEFAULTS = [
     "generator.heartbeat_s=0.5", "generator.registry_ttl_s=6", "learner.push_timeout_s=5",
 ]
 KINDS = ("learner", "generator", "reward")
+SIGNALS = {"kill": (signal.SIGKILL,), "term": (signal.SIGTERM,), "mixed": (signal.SIGKILL, signal.SIGTERM)}
+
+
+@dataclass
+class Kills:
+    """The kills per service, and every process a killed generator had (its vLLM engine's): none may
+    outlive it."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    left: list[Process] = field(default_factory=list)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -51,8 +65,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"the services to kill, comma-separated from {', '.join(KINDS)} (Redis: "
                         "--redis-kills)")
-    parser.add_argument("--signal", choices=("kill", "term"), default="kill",
-                        help="SIGKILL (no warning) or SIGTERM (a scale-down: the service stops cleanly)")
+    parser.add_argument("--signal", choices=tuple(SIGNALS), default="kill",
+                        help="SIGKILL (no warning), SIGTERM (a scale-down: the service stops cleanly), or "
+                        "the two in turn")
     parser.add_argument("--tokens", action="store_true",
                         help="continuous generators: count the tokens sampled twice (asyncrlhf.bench."
                         "regenerated): each generator's counters are read just before it is killed")
@@ -93,7 +108,7 @@ def main(argv: list[str]) -> int:
     g = load_config([args.config], [*DEFAULTS, *overrides]).generator
     capacity = g.max_running_samples or g.batch_prompts * g.samples_per_prompt
     ledger = TokenLedger()
-    sig = signal.SIGKILL if args.signal == "kill" else signal.SIGTERM
+    signals = SIGNALS[args.signal]
     low, high = (float(x) for x in args.every.split(","))
     rng = random.Random(args.seed)
     run_name = f"chaos-{args.seed}"
@@ -108,7 +123,7 @@ def main(argv: list[str]) -> int:
     log_path = run_dir.parent / f"{run_name}.up.log"
     early = max(min(args.kills, 6), args.redis_kills)  # Redis dies early, so it happens before the run ends
     redis_at = set(rng.sample(range(early), min(args.redis_kills, args.kills)))
-    kills: Counter[str] = Counter()
+    kills = Kills()
     started = time.monotonic()
     with log_path.open("w") as log:
         up = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -128,6 +143,9 @@ def main(argv: list[str]) -> int:
             if not live:  # it is restarting right now
                 continue
             victim = rng.choice(sorted(live))
+            sig = signals[sum(kills.counts.values()) % len(signals)]
+            if kind == "generator":
+                kills.left += descendants(victim)
             reading = (read_before_kill(victim, capacity)
                        if args.tokens and kind == "generator" and sig == signal.SIGKILL else None)
             try:
@@ -138,7 +156,7 @@ def main(argv: list[str]) -> int:
                 ledger.kills.append(reading)
             elif args.tokens and kind == "generator" and sig == signal.SIGKILL:
                 ledger.unread += 1
-            kills[kind] += 1
+            kills.counts[kind] += 1
             print(f"  {time.monotonic() - started:7.1f} s  {sig.name} {kind} (pid {victim})", flush=True)
         code = up.wait(timeout=max(1.0, args.timeout - (time.monotonic() - started)))
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
@@ -147,8 +165,7 @@ def main(argv: list[str]) -> int:
     return report(args, run_dir, log_path, kills, code, time.monotonic() - started, ledger)
 
 
-def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, seconds: float,
-           ledger) -> int:
+def report(args, run_dir: Path, log_path: Path, kills: Kills, code: int, seconds: float, ledger) -> int:
     from asyncrlhf.audit import audit_run, connect_for_audit, load_audit_config
     from asyncrlhf.training.checkpoint import latest_version
 
@@ -158,24 +175,29 @@ def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, secon
     restarts = {name: s["restarts"] for name, s in summary.get("services", {}).items() if s["restarts"]}
     version = latest_version(cfg)
     steps = (version or 1) - 1
+    outlived = alive(kills.left)
     with ExitStack() as stack:
         client = connect_for_audit(cfg, stack)
         audit = audit_run(cfg, client)
         tokens = token_figures(cfg, client, ledger) if args.tokens else {}
     result = {
-        "seed": args.seed, "up_exit": code, "seconds": round(seconds, 1), "kills": dict(kills),
+        "seed": args.seed, "up_exit": code, "seconds": round(seconds, 1), "kills": dict(kills.counts),
         "restarts": restarts, "redis_restarts": _count(log_path, "Redis exited"),
         "steps": steps, "total_steps": cfg.learner.total_steps, "lineages": len(audit.lineages),
         "audit_ok": audit.ok, "lost": len(audit.lost), "trained_twice": len(audit.trained_twice),
         "updates_lost": len(audit.updates_lost), "in_flight": audit.in_flight_total,
-        "continued": audit.continued, **tokens,
+        "continued": audit.continued, "dead_lettered": audit.dead_lettered,
+        "dead_letter_reasons": audit.dead_letter_reasons, "outlived_generators": [pid for pid, _ in outlived],
+        **tokens,
     }
     print(f"bench chaos seed {args.seed}: `up` exit {code} after {seconds:.0f} s; steps {steps}/"
-          f"{cfg.learner.total_steps}; kills {dict(kills)}; restarts {restarts} (Redis "
+          f"{cfg.learner.total_steps}; kills {dict(kills.counts)}; restarts {restarts} (Redis "
           f"{result['redis_restarts']}); {len(audit.lineages)} lineages")
     print(f"  audit: {'OK' if audit.ok else 'FAILED'}: lost {len(audit.lost)}, trained twice "
           f"{len(audit.trained_twice)}, updates lost {len(audit.updates_lost)}, in flight "
-          f"{audit.in_flight_total}")
+          f"{audit.in_flight_total}, dead-lettered {audit.dead_lettered} {audit.dead_letter_reasons}")
+    if outlived:
+        print(f"  processes of killed generators still running: {[pid for pid, _ in outlived]}")
     if tokens:
         print(f"  tokens: {tokens['tokens_sampled']} sampled, {tokens['tokens_written']} written, "
               f"{tokens['tokens_in_flight_at_end']} in flight at the end: {tokens['tokens_regenerated']} "
@@ -184,7 +206,7 @@ def report(args, run_dir: Path, log_path: Path, kills: Counter, code: int, secon
               "unread); continued samples "
               f"{audit.continued['samples']}")
     print(json.dumps(result), flush=True)
-    return 0 if code == 0 and steps >= cfg.learner.total_steps and audit.ok else 1
+    return 0 if code == 0 and steps >= cfg.learner.total_steps and audit.ok and not outlived else 1
 
 
 def _count(path: Path, text: str) -> int:

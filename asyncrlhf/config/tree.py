@@ -59,6 +59,13 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _continuous_corrects_stale_tokens(self) -> Config:
+        """`learner.stale_policy` left unset in continuous mode: tis, not drop (its description says why)."""
+        if self.generator.mode == "continuous" and "stale_policy" not in self.learner.model_fields_set:
+            self.learner = self.learner.model_copy(update={"stale_policy": "tis"})
+        return self
+
+    @model_validator(mode="after")
     def _tensor_parallel_fits(self) -> Config:
         g, tp = self.generator, self.generator.tensor_parallel_size
         if tp > 1 and g.backend != "vllm":

@@ -128,8 +128,8 @@ class ContinuousEpisodes(Generic[T]):
         return run
 
     def settle(self, timeout_s: float) -> None:
-        """With no turn in the engine, wait (at most `timeout_s`) for an environment call to return; call
-        outside the gate, so a push is not kept waiting on an environment."""
+        """With no turn in the engine, wait (at most `timeout_s`) for an environment call to return: bounded,
+        so a push (run by the caller between two steps) is not kept waiting on an environment."""
         if not self._sequences and self._waiting:
             wait(list(self._waiting), timeout=timeout_s, return_when=FIRST_COMPLETED)
 

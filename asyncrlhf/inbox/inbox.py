@@ -24,7 +24,7 @@ from asyncrlhf.inbox.admission import Action, Known, Rules, Verdict, admit
 from asyncrlhf.inbox.bounded import Bounded
 from asyncrlhf.inbox.feed import PromptFeed
 from asyncrlhf.inbox.ids import enqueued_below
-from asyncrlhf.inbox.metrics import InboxMetrics
+from asyncrlhf.inbox.metrics import InboxMetrics, record_judged
 from asyncrlhf.inbox.prompts import PromptSet
 from asyncrlhf.inbox.recovery import Recovery, RedisWatch
 from asyncrlhf.inbox.strategy import StepBatch, Strategy, WhileWaiting
@@ -46,7 +46,6 @@ from asyncrlhf.training.checkpoint import LearnerState
 from asyncrlhf.version import PolicyVersion
 
 log = logging.getLogger("asyncrlhf.learner")
-_STALE_LABELS = {"keep": "kept", "correct": "corrected", "drop": "dropped"}
 
 
 def admission_rules(cfg: Config) -> Rules:
@@ -180,10 +179,8 @@ class Inbox:
         known = Known(self.consumed.ids, self.recovery.retrain, held)
         current = PolicyVersion(self.lineage, version)
         verdict = admit(delivery.identity, delivery.message, current, rules, known)
-        if verdict.decision is not None and verdict.old_lineage:
-            self.metrics.old_lineage.labels(_STALE_LABELS[verdict.decision.action]).inc()
-        if verdict.decision is not None and verdict.decision.action != "fresh":
-            self.metrics.stale.labels(_STALE_LABELS[verdict.decision.action]).inc()
+        if verdict.decision is not None:
+            record_judged(self.metrics, verdict.decision, verdict.old_lineage, delivery.message)
         if verdict.action in (Action.DUPLICATE, Action.REQUEUE):
             self.consumer.ack([delivery])
         if verdict.action is Action.REQUEUE:  # its earlier training was lost: sample it again

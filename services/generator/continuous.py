@@ -1,11 +1,15 @@
 """The continuous generation loop (`generator.mode: continuous`): the engine stays full, groups enter when
 k slots are free and leave the step their last sample ends, pushes land between two engine steps.
 
-    read groups while slots are free (their saved or handed-on progress continued) -> one engine step under
-    the gate -> XADD each ended RolloutGroup and XACK its prompt atomically -> save progress every
+    run the pushes queued for the engine -> read groups while slots are free (their saved or handed-on
+    progress continued; one sampled by a newer version than this generator serves waits for it) -> one
+    engine step -> XADD each ended RolloutGroup and XACK its prompt atomically -> save progress every
     `save_every_tokens` -> on stop: every unfinished group back to the prompts stream with its progress
 
-The sampling bookkeeping is `asyncrlhf.sampling.continuous`; this shell does the Redis I/O and the gate.
+This thread is the only one that talks to the engine (`asyncrlhf.sampling.vllm_stepping`): a push's swap is
+queued to it by the gRPC thread and runs between two engine steps, so the version read before a step is the
+one whose weights run it. The sampling bookkeeping is `asyncrlhf.sampling.continuous`, the groups waiting for
+a version `asyncrlhf.sampling.version_wait`; this shell does the Redis I/O.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
 from asyncrlhf.sampling.continuous import ContinuousSampler, GroupRun, StepEngine
 from asyncrlhf.sampling.rollouts import handed_on, progress_of, rollout_group
+from asyncrlhf.sampling.version_wait import VersionWait, waits_for
 from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import Delivery
 from asyncrlhf.streams.consumer import hold
 from asyncrlhf.version import PolicyVersion
-from services.generator.loop import GeneratorLoop, PromptIO
+from services.generator.loop import GeneratorLoop, PromptIO, Work
 from services.generator.server import WeightSwap
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,7 @@ class ContinuousLoop(GeneratorLoop):
         self._next_hold = 0.0
         self._hold_every_s = cfg.redis.claim_idle_ms / 3000
         self._written_tokens = 0
+        self.waiting: VersionWait[Work] = VersionWait()
 
     def run(self, stop: threading.Event) -> None:
         """Step until `stop` is set, then hand every unfinished group on."""
@@ -63,6 +69,7 @@ class ContinuousLoop(GeneratorLoop):
     def step(self) -> int:
         """Fill free slots, take one engine step, write the groups that ended; returns groups written."""
         self._update_pending()
+        self.engine.serve_calls()  # a push lands here, between two engine steps
         if self._no_weights_yet():
             return 0
         start = time.monotonic()
@@ -72,12 +79,13 @@ class ContinuousLoop(GeneratorLoop):
             self.metrics.waiting.wait(Wait.PROMPTS)
             self.metrics.idle_seconds.inc(time.monotonic() - start)
             self.metrics.occupancy.set(0.0)
+            self._keep_held()  # groups waiting for a version
             return self._emit(self.sampler.finished_now())
         self.metrics.waiting.work()
         before = self.sampler.sampled_tokens
         step_start = time.perf_counter()
-        with self.gate.generating(), (self.cores.busy() if self.cores else nullcontext()):
-            served = self.swap.served  # changes under the gate only: this step's tokens are its
+        with self.cores.busy() if self.cores else nullcontext():
+            served = self.swap.served  # changes on this thread only (serve_calls): its weights run this step
             self._restart_other_lineages(served)
             ended = self.sampler.step(served.step)
         seconds = time.perf_counter() - step_start
@@ -88,7 +96,11 @@ class ContinuousLoop(GeneratorLoop):
             self.metrics.tokens_per_second.set(tokens / seconds)
         written = self._emit(ended + self.sampler.finished_now())
         self._save_due()
+        self._keep_held()
         return written
+
+    def _await_weights(self, timeout_s: float) -> None:
+        self.engine.serve_calls(timeout_s)  # the first push comes as a call for this thread
 
     def _others_waiting(self) -> bool:
         return self.engine.pending() or self.engine.running() > 0
@@ -97,19 +109,35 @@ class ContinuousLoop(GeneratorLoop):
 
     def _fill(self) -> None:
         k = self.cfg.generator.samples_per_prompt
+        served = self.swap.served
+        for w in self.waiting.ready(served):  # this generator now serves the version they waited for
+            self._start(*w.item, w.prompt, served.lineage)
         free = self.capacity - self.sampler.running_samples
         if free < k:
             return
         busy = self.sampler.running_samples > 0 or self._others_waiting()
         deliveries = self.consumer.read(max(1, free // k), block_ms=0 if busy else IDLE_READ_MS)
-        lineage = self.swap.lineage
-        in_flight = {run.group_id for run in self.sampler.groups}
-        # a group re-claimed while it ran long here stays ours
-        work = [w for w in self._admit(deliveries) if w[0].message.group_id not in in_flight]
+        # a group re-claimed while it ran long (or waited) here stays ours
+        mine = {run.group_id for run in self.sampler.groups}
+        work = [w for w in self._admit(deliveries)
+                if w[0].message.group_id not in mine and w[0].message.group_id not in self.waiting]
         messages = [d.message for d, _, _ in work]
         prompts = self.partials.further(messages) if self.partials else messages
-        for (d, ids, k_group), prompt in zip(work, prompts, strict=True):
-            self._start(d, ids, k_group, prompt, lineage)
+        for item, prompt in zip(work, prompts, strict=True):
+            version = waits_for(prompt, served)
+            if version is None:
+                self._start(*item, prompt, served.lineage)
+            else:
+                self._wait(item, prompt, version, served)
+
+    def _wait(self, item: Work, prompt: PromptGroup, version: int, served: PolicyVersion) -> None:
+        """Keep a group whose partial samples a newer version sampled until this generator serves it."""
+        gid = item[0].message.group_id
+        log.info("group %s was sampled up to version %d and this generator serves %d: it waits here for "
+                 "version %d (token versions never go down along a sample)", gid, version, served.step,
+                 version)
+        self.metrics.version_waits.inc()
+        self.waiting.add(gid, item, prompt, version)
 
     def _start(self, d: Delivery[PromptGroup], ids: list[int], k: int, prompt: PromptGroup,
                lineage: int) -> None:
@@ -156,40 +184,45 @@ class ContinuousLoop(GeneratorLoop):
                              run.started_at, now, self._decode)
 
     def _save_due(self) -> None:
-        """Save the groups grown by `save_every_tokens` on any sample since their last save, and keep every
-        group in flight from being re-claimed as stalled."""
-        runs = self.sampler.groups
+        """Save the groups grown by `save_every_tokens` on any sample since their last save."""
         every = self.cfg.generator.save_every_tokens
-        due = [run for run in runs
+        due = [run for run in self.sampler.groups
                if max((len(s.token_ids) for s in run.samples), default=0) >= every
                and run.tokens - run.saved_tokens >= every]
         if due and self.partials:
             self.partials.save([self._progress(run) for run in due])
             for run in due:
                 run.saved_tokens = run.tokens
+
+    def _keep_held(self) -> None:
+        """Keep every group in flight, and every group waiting for a version, from being re-claimed as
+        stalled."""
         now = time.monotonic()
-        if runs and now >= self._next_hold:
+        held = [run.tag for run in self.sampler.groups] + [w.item[0] for w in self.waiting.items()]
+        if held and now >= self._next_hold:
             self._next_hold = now + self._hold_every_s
-            hold(self.consumer, [run.tag for run in runs])
+            hold(self.consumer, held)
 
     def hand_on(self) -> int:
         """Stop sampling and put every unfinished group back on the prompts stream with its progress (one
         atomic ack-and-add per group set), for another generator to continue. Returns groups handed on."""
-        runs = self.sampler.stop_all()
-        if not runs:
+        runs, waiting = self.sampler.stop_all(), self.waiting.take_all()
+        if not runs and not waiting:
             return 0
         if self.handon is None:  # nowhere to hand them: they stay pending, re-claimed after claim_idle_ms
             return 0
         again = [self._progress(run) for run in runs]
         for prompt in again:
             prompt.handoffs += 1
-        self.consumer.ack([run.tag for run in runs], again, to=self.handon)
+        tags = [run.tag for run in runs] + [w.item[0] for w in waiting]
+        self.consumer.ack(tags, again + [w.prompt for w in waiting], to=self.handon)  # waiting: as they came
         if self.partials:
             self.partials.forget([run.group_id for run in runs])
         tokens = sum(run.tokens for run in runs)
-        log.info("handed on %d groups with %d tokens sampled", len(runs), tokens)
+        log.info("handed on %d groups with %d tokens sampled (and %d waiting for a version, as they came)",
+                 len(runs), tokens, len(waiting))
         self.metrics.handed_on_samples.inc(sum(len(run.samples) for run in runs))
-        return len(runs)
+        return len(runs) + len(waiting)
 
     def _progress(self, run: Run) -> PromptGroup:
         return handed_on(run.tag.message, run.samples, run.lineage, self._decode)

@@ -1,9 +1,9 @@
 """Episodes in the continuous loop (`generator.mode: continuous` with `task.env`): the continuous loop's Redis
-I/O, gate, saves and hand-on, over `asyncrlhf.envs.continuous.ContinuousEpisodes` instead of single-turn
-samples.
+I/O, engine thread, saves and hand-on, over `asyncrlhf.envs.continuous.ContinuousEpisodes` instead of
+single-turn samples.
 
     read groups while slots are free (handed-on or saved episodes replayed) -> environment calls that
-    returned put their episodes' next turns into the engine -> one engine step under the gate -> XADD each
+    returned put their episodes' next turns into the engine -> one engine step -> XADD each
     group whose k episodes ended and XACK its prompt atomically -> save progress every `save_every_tokens`
     -> on stop: every unfinished group back to the prompts stream with its episodes' transcripts
 
@@ -56,7 +56,7 @@ class ContinuousEpisodeLoop(ContinuousLoop):
         self.envs.close()  # an MCP server's process ends with its session
 
     def step(self) -> int:
-        self.episodes.settle(SETTLE_S)  # outside the gate: a push never waits on an environment
+        self.episodes.settle(SETTLE_S)  # bounded: a push queued meanwhile waits at most SETTLE_S
         written = super().step()
         for run, reason in self.episodes.take_failed():  # retried after claim_idle_ms, as in batch mode
             log.error("episode group %s failed: %s", run.group_id, reason)

@@ -106,9 +106,12 @@ class GeneratorLoop:
             return False
         start = time.monotonic()
         self.metrics.waiting.wait(Wait.WEIGHTS)
-        self.swap.arrived.wait(self.cfg.redis.block_ms / 1000)
+        self._await_weights(self.cfg.redis.block_ms / 1000)
         self.metrics.idle_seconds.inc(time.monotonic() - start)
         return True
+
+    def _await_weights(self, timeout_s: float) -> None:
+        self.swap.arrived.wait(timeout_s)
 
     def _admit(self, deliveries: list[Delivery[PromptGroup]]) -> list[Work]:
         """(delivery, prompt ids, k) of each group that can be sampled; the others are dead-lettered."""

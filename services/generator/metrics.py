@@ -52,6 +52,9 @@ class GeneratorMetrics:
                                       registry=r)
         self.handed_on_samples = Counter(names.GENERATOR_HANDED_ON_SAMPLES_TOTAL,
                                          "Samples handed back to the prompts stream at a stop.", registry=r)
+        self.version_waits = Counter(names.GENERATOR_VERSION_WAITS_TOTAL,
+                                     "Groups that waited for this generator to serve the newest version "
+                                     "their handed-on samples were sampled by.", registry=r)
         self.episodes = EpisodeMetrics(r)
         self.waiting = WaitState(Gauge(names.GENERATOR_WAITING_SINCE_SECONDS, WAITING_HELP, ["on"],
                                        registry=r))

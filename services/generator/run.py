@@ -80,18 +80,19 @@ class GeneratorService:
         self.cores = CoreShare.from_env(self.id)
         if self.cores and isinstance(self.backend, HFBackend):  # cores move between decoding steps
             self.backend.step_hook = self.cores.adjust
+        self.mode = effective_mode(cfg, self.backend)
+        # continuous mode: one thread talks to the engine, the loop's (this one: it builds and runs it)
+        engine = VLLMStepEngine(self.backend, seed=cfg.run.seed) if self.mode == "continuous" else None
         prompts = self.streams.consumer(PROMPTS, GENERATOR_GROUP, self.id)
         self.swap = WeightSwap(self.backend, self.gate, self.metrics, on_applied=self._announce,
-                               pending=PendingHolder(prompts, cfg.redis.claim_idle_ms))
+                               pending=PendingHolder(prompts, cfg.redis.claim_idle_ms), engine=engine)
         io = PromptIO(prompts, self.streams.producer(ROLLOUTS),
                       pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
                       handon=self.streams.producer(PROMPTS), partials=self.streams.partials())
-        self.mode = effective_mode(cfg, self.backend)
         self.api_gate = self.gate
         self.loop: GeneratorLoop
-        if self.mode == "continuous":
+        if engine is not None:
             assert isinstance(self.backend, VLLMBackend)
-            engine = VLLMStepEngine(self.backend, seed=cfg.run.seed)
             self.backend.driver = engine  # the API's requests join the loop's engine steps
             self.backend.recompute_inflight = cfg.generator.vllm.inflight_kv == "recompute"
             self.api_gate = BackendGate()  # API batches queue among themselves; the engine's steps are shared

@@ -1,9 +1,11 @@
 """WeightSync wiring: the gRPC server that receives pushes into the backend, and the registry heartbeat.
 
 A push is staged and verified by `asyncrlhf.weights.receiver.WeightReceiver`; on commit it calls
-`WeightSwap.apply_weights` with the verified `PolicyVersion`, which takes the backend gate (so it waits for
-the batch in progress, and goes before the next one), swaps the tensors in and serves that version (step and
-lineage together), all before the pusher gets its reply.
+`WeightSwap.apply_weights` with the verified `PolicyVersion`, which swaps the tensors in and serves that
+version (step and lineage together), all before the pusher gets its reply. In batch mode it takes the backend
+gate (so it waits for the batch in progress, and goes before the next one); in continuous mode the swap is
+work for the engine's thread (`VLLMStepEngine.call`): the loop runs it between two engine steps, so the
+version a step's tokens are labelled with is always the one its weights are.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import grpc
 import redis
@@ -37,19 +40,33 @@ from asyncrlhf.weights.server import serve
 from services.generator.metrics import GeneratorMetrics
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+T = TypeVar("T")
+
+
+class EngineThread(Protocol):
+    """Where continuous mode's swaps run: the thread that talks to the engine (`VLLMStepEngine`)."""
+
+    def call(self, fn: Callable[[], T]) -> T: ...
 
 
 class WeightSwap:
-    """The generator's `WeightTarget`: the backend's, applied between generation batches and counted. While a
-    swap waits for the gate and holds it, the loop waits: `pending` holds the loop's groups meanwhile."""
+    """The generator's `WeightTarget`: the backend's, applied between generation batches (under the gate) or
+    between two engine steps (by `engine`, in continuous mode), and counted. While a swap waits for the gate
+    or the engine's thread, and while it runs, the loop waits: `pending` holds the loop's groups meanwhile."""
 
     def __init__(self, backend: Backend, gate: BackendGate, metrics: GeneratorMetrics,
                  on_applied: Callable[[int], None] = lambda version: None,
-                 pending: PendingHolder | None = None):
+                 pending: PendingHolder | None = None, engine: EngineThread | None = None):
         self.backend, self.gate, self.metrics, self.on_applied = backend, gate, metrics, on_applied
-        self.pending = pending
+        self.pending, self.engine = pending, engine
         self.arrived = threading.Event()  # set once the first version is live
-        self.served = NO_VERSION  # changes with the backend's weights, under the gate
+        self.served = NO_VERSION  # changes with the weights: under the gate, or on the engine's thread
+
+    def _swap(self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion,
+              adopt: bool) -> Mapping[str, torch.Tensor] | None:
+        replaced = self.backend.apply_weights(tensors, version, adopt=adopt)
+        self.served = version
+        return replaced
 
     @property
     def lineage(self) -> int:
@@ -63,10 +80,12 @@ class WeightSwap:
         self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion, *, adopt: bool = False
     ) -> Mapping[str, torch.Tensor] | None:
         start = time.perf_counter()
-        held = self.pending.held() if self.pending is not None else contextlib.nullcontext()
-        with held, self.gate.swapping():  # torch work on a thread that exits: see `on_fresh_thread`
-            replaced = on_fresh_thread(lambda: self.backend.apply_weights(tensors, version, adopt=adopt))
-            self.served = version
+        with self.pending.held() if self.pending is not None else contextlib.nullcontext():
+            if self.engine is not None:
+                replaced = self.engine.call(lambda: self._swap(tensors, version, adopt))
+            else:
+                with self.gate.swapping():  # torch work on a thread that exits: see `on_fresh_thread`
+                    replaced = on_fresh_thread(lambda: self._swap(tensors, version, adopt))
         self.metrics.weight_apply_seconds.observe(time.perf_counter() - start)
         self.metrics.weight_updates.inc()
         self.metrics.version.set(version.step)

@@ -12,6 +12,7 @@ from asyncrlhf.stalls import Hop, WaitState
 from asyncrlhf.training.batch import TrainGroup
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 WAIT_WINDOW_STEPS = 10  # the waiting fraction is over this many last steps
 
 
@@ -56,6 +57,11 @@ class LearnerMetrics:
                                          "Staleness of trained completion tokens, in versions (each token's "
                                          "own sampling version; continuous generation spans several).",
                                          buckets=STALENESS_BUCKETS, registry=r)
+        self.sample_tokens = Histogram(names.LEARNER_SAMPLE_TOKENS,
+                                       "Completion tokens per sample: of every group judged on staleness "
+                                       "(stage=generated) and of those trained (stage=trained). Trained "
+                                       "below generated: long answers are being dropped.", ["stage"],
+                                       buckets=LENGTH_BUCKETS, registry=r)
         self.wait = Counter(names.LEARNER_WAIT_SECONDS_TOTAL, "Time spent waiting for scored groups.",
                             registry=r)
         self.push_wait = Counter(names.LEARNER_PUSH_WAIT_SECONDS_TOTAL,
@@ -159,6 +165,8 @@ class LearnerMetrics:
         for key, value in stats.items():
             self.stat.labels(key).set(value)
         for g in groups:
+            for sample in g.message.samples:
+                self.sample_tokens.labels("trained").observe(len(sample.completion_token_ids))
             for tokens in g.token_staleness():
                 self.staleness.observe(g.decision.staleness)
                 for staleness in tokens:

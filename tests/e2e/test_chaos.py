@@ -1,6 +1,8 @@
 """`asyncrlhf bench chaos`, short: random SIGKILLs of the learner, generators, reward replicas and (once)
 Redis during a local `up` run; the run must reach total_steps with a clean audit (0 lost, 0 trained twice,
-0 updates lost). The full measurement is `asyncrlhf bench chaos --seed S --kills K` with 300 steps."""
+0 updates lost). Continuous generators killed and stopped, with their engine in process and, as on a GPU
+node, in processes of their own while they serve different versions. The full measurement is `asyncrlhf
+bench chaos --seed S --kills K` with 300 steps."""
 
 import importlib.util
 import json
@@ -16,15 +18,19 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1].parent
 
 
+def chaos(cmd: list[str]) -> tuple[subprocess.CompletedProcess, str, dict]:
+    """Run `cmd` (a `bench chaos` command) from the repository: the process, its output, its JSON result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    return done, done.stdout + done.stderr, json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_kills_of_every_service_and_redis_lose_nothing(tmp_path, seed):
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", str(seed), "--kills", "3",
            "--redis-kills", "1", "--every", "2,4", "--root", str(tmp_path), "--timeout", "900",
            "learner.total_steps=200", "learner.checkpoint_every=7"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    out = done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    done, out, result = chaos(cmd)
     assert done.returncode == 0, out[-4000:]
     assert result["steps"] == 200 and result["audit_ok"], out[-4000:]
     assert (result["lost"], result["trained_twice"], result["updates_lost"]) == (0, 0, 0)
@@ -45,10 +51,7 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
            "model.tiny.heads=2", f"model.cache_dir={tmp_path}/cache", "generator.sampling.max_new_tokens=160",
            f"generator.save_every_tokens={every}", "learner.max_staleness=3",  # generation is the bottleneck:
            "learner.total_steps=60", "learner.checkpoint_every=10"]  # kills find samples in flight
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    out = done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    done, out, result = chaos(cmd)
     assert done.returncode == 0, out[-4000:]
     assert result["audit_ok"] and (result["lost"], result["trained_twice"]) == (0, 0), out[-4000:]
     assert result["kills"].get("generator", 0) >= 2, out[-4000:]
@@ -62,6 +65,31 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
         assert result["tokens_regenerated"] <= every * in_flight, out[-4000:]
         if not result["unread_kills"]:
             assert -in_flight <= result["tokens_regenerated"], out[-4000:]
+
+
+@pytest.mark.vllm
+def test_continuous_generators_on_staggered_versions_with_engines_out_of_process_lose_nothing(tmp_path):
+    """The GPU default's shape: each generator's vLLM engine in processes of its own, two generators whose
+    versions differ (`learner.relay_fanout=1`: the learner pushes each version to one, which relays it to the
+    other), SIGKILLed and SIGTERMed in turn at random moments and restarted. The run reaches its last step,
+    the audit is clean with nothing dead-lettered (a group continued by a generator behind its newest token
+    was dead-lettered for decreasing versions), and no process of a killed generator (its `VLLM::EngineCore`
+    and `VLLM::Worker`) outlives it. Over 60 s because every restart starts an engine (about 30 s each) and
+    generation must outlast the kills (long answers, 30 steps); about 3-4 min on 2 CPU cores, kept there by
+    4 kills in ~20 s and one seed."""
+    cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "7", "--kills", "4",
+           "--redis-kills", "0", "--kinds", "generator", "--signal", "mixed", "--every", "4,6",
+           "--root", str(tmp_path), "--timeout", "900", "generator.backend=vllm", "generator.mode=continuous",
+           "generator.vllm.engine_in_process=false", "learner.relay_fanout=1", "model.tiny.heads=2",
+           f"model.cache_dir={tmp_path}/cache", "generator.sampling.max_new_tokens=160",
+           "generator.save_every_tokens=8", "learner.max_staleness=2", "learner.total_steps=30",
+           "learner.checkpoint_every=10"]
+    done, out, result = chaos(cmd)
+    assert done.returncode == 0, out[-4000:]
+    assert result["steps"] == 30 and result["audit_ok"], out[-4000:]
+    assert (result["lost"], result["trained_twice"], result["dead_lettered"]) == (0, 0, 0), out[-4000:]
+    assert result["outlived_generators"] == [], out[-4000:]
+    assert result["kills"].get("generator", 0) >= 2, out[-4000:]  # SIGKILL, then SIGTERM at least
 
 
 JUDGE = ("{model: {name_or_path: smollm2-135m-instruct}, engine: {backend: hf, device: cpu, threads: 1}, "
@@ -79,10 +107,7 @@ def test_reward_replicas_judging_with_a_language_model_killed_mid_call_lose_noth
            "--timeout", "900", "learner.total_steps=12", "learner.checkpoint_every=6",
            "launch.evaluator=true", "evaluator.num_prompts=4", f"reward.scorers=[{{kind: judge, {JUDGE[1:]}]",
            f"evaluator.judge={{compare: pairwise, template: null, {JUDGE[1:JUDGE.index(', template')]}}}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    out = done.stdout + done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    done, out, result = chaos(cmd)
     assert done.returncode == 0 and result["audit_ok"], out[-4000:]
     assert (result["lost"], result["trained_twice"], result["updates_lost"]) == (0, 0, 0)
     assert result["kills"].get("reward", 0) >= 2, out[-4000:]

@@ -1,7 +1,15 @@
-"""The restart policy of `asyncrlhf up`: back-off that doubles, a cap that is a rate (N in a window)."""
+"""The restart policy of `asyncrlhf up`: back-off that doubles, a cap that is a rate (N in a window); and a
+crashed service's leftover children ended before it restarts."""
+
+import os
+import signal
+import sys
+import time
 
 import pytest
 
+from asyncrlhf.engine_lifetime import alive, descendants
+from asyncrlhf.launcher import Service
 from asyncrlhf.supervision import RestartPolicy, cap_message
 
 pytestmark = pytest.mark.unit
@@ -36,3 +44,28 @@ def test_the_cap_message_names_the_service_its_code_the_risk_and_its_log():
     assert "learner exited with code -9" in text and "launch.max_restarts=1" in text
     assert "resumes from the latest checkpoint" in text and "Traceback: boom" in text
     assert "/run/logs/learner.log" in text
+
+
+def test_a_crashed_service_leaves_no_child_behind_when_it_restarts(tmp_path):
+    # A generator SIGKILLed while its vLLM engine was still starting (before the engine watches it) leaves
+    # the engine in its process group: `up` ends the group when it starts the service again.
+    spawn = ("import subprocess, sys, time; "
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    svc = Service("generator-0", "generator", [sys.executable, "-c", spawn], dict(os.environ),
+                  tmp_path / "generator-0.log", port=0)
+    svc.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := descendants(svc.proc.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(svc.proc.pid, signal.SIGKILL)  # the service only: its child lives on, re-parented
+        svc.wait(10)
+        assert alive(children)
+        svc.start()  # the restart
+        deadline = time.monotonic() + 10
+        while alive(children):
+            assert time.monotonic() < deadline, "the crashed service's child outlived its restart"
+            time.sleep(0.05)
+    finally:
+        svc.signal(signal.SIGKILL)

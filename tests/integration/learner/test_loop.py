@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from asyncrlhf import metrics as names
 from asyncrlhf.config import load_config
 from asyncrlhf.consumed import Kind, read_rows
 from asyncrlhf.inbox.ids import group_index
@@ -95,6 +96,15 @@ def test_groups_beyond_max_staleness_are_dropped_and_counted(tmp_path, redis_url
     assert len(trained) == 4 * 3  # the run still completes: dropped groups give their credits back
     assert learner.metrics.stale.labels("dropped")._value.get() == len(dropped)
     assert learner.state.version == 5
+    # the lengths generated beside those trained: the dropped groups' samples count only as generated
+    def samples(stage: str, what: str) -> float:
+        return learner.metrics.registry.get_sample_value(f"{names.LEARNER_SAMPLE_TOKENS}_{what}",
+                                                         {"stage": stage})
+
+    k = cfg.generator.samples_per_prompt
+    assert samples("trained", "count") == k * len(trained)
+    assert samples("generated", "count") >= k * (len(trained) + len(dropped))
+    assert 0 < samples("trained", "sum") < samples("generated", "sum")
 
 
 def test_trackers_get_every_step_with_loss_kl_reward_staleness_throughput_lr(tmp_path, redis_url, run_name):

@@ -1,7 +1,8 @@
 """Continuous generation on a real vLLM engine (its CPU build here), driven step by step: a push between two
 steps changes the version of the tokens after it and only those (with the KV cache kept, and recomputed),
 the API's requests share the loop's steps, and a stopped generator's samples are finished by another with
-their earlier tokens unchanged (handed on at a stop; continued from the last save after a kill)."""
+their earlier tokens unchanged (handed on at a stop; continued from the last save after a kill), only once
+that generator serves the newest version they were sampled by."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from asyncrlhf.sampling.continuous import ContinuousSampler
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams
+from asyncrlhf.token_versions import token_versions_problem
 from asyncrlhf.version import PolicyVersion
 from services.generator.continuous import ContinuousLoop
 from services.generator.loop import PromptIO
@@ -116,8 +118,7 @@ class _Generator:
     def __init__(self, cfg, backend, driver, tokenizer, client, name: str, version: PolicyVersion):
         streams = RunStreams(client, cfg.run.name, cfg.redis)
         metrics = GeneratorMetrics(name)
-        gate = BackendGate()
-        self.swap = WeightSwap(backend, gate, metrics)
+        self.swap = WeightSwap(backend, BackendGate(), metrics, engine=driver)  # swaps: on the loop thread
         self.swap.served = version
         io = PromptIO(streams.consumer(PROMPTS, GENERATOR_GROUP, name), streams.producer(ROLLOUTS),
                       handon=streams.producer(PROMPTS), partials=streams.partials())
@@ -215,3 +216,41 @@ def test_a_killed_generator_loses_at_most_the_tokens_since_its_last_save(engine,
             continue
         assert len(ids) - sample.continued_from <= save_every  # lost: the tokens since the last save
         assert list(sample.completion_token_ids[:sample.continued_from]) == ids[:sample.continued_from]
+
+
+def test_a_group_handed_on_at_a_newer_version_waits_until_the_generator_serves_it(engine, redis_client,
+                                                                                   redis_url, run_name):
+    # Generator A serves version 8 and is stopped mid-group; generator B still serves 7 (its push is running,
+    # or it is a relay leaf). B keeps the group pending, unstarted, until its push of 8 lands (from another
+    # thread, as gRPC's: run by B's loop between two steps); then it continues it: the group's token versions
+    # never go down, so the learner takes it, and nothing is dead-lettered. (The shared engine plays A's and
+    # then B's: it is given B's weights before B steps.)
+    base, tokenizer, backend, driver, prompts = engine
+    cfg = _cfg_for(base, run_name, redis_url)
+    policy = load_policy(base.model)
+    weights = {v: perturbed_state_dict(policy, seed=20 + v, scale=0.2) for v in (7, 8)}
+    streams = RunStreams(redis_client, cfg.run.name, cfg.redis)
+    streams.producer(PROMPTS).add(PromptGroup(group_id="g00000002", prompt_token_ids=prompts[1], k=2,
+                                              enqueued_at=time.time()))
+    push(backend, weights[8], 8)
+    a = _Generator(cfg, backend, driver, tokenizer, redis_client, "gen-a", PolicyVersion(1, 8))
+    _run_until(a, lambda: _longest(a) >= 5)
+    assert a.loop.hand_on() == 1
+
+    push(backend, weights[7], 7)
+    b = _Generator(cfg, backend, driver, tokenizer, redis_client, "gen-b", PolicyVersion(1, 7))
+    for _ in range(30):
+        b.loop.step()
+    assert not b.loop.sampler.groups and not _stream_groups(redis_client, cfg, ROLLOUTS)  # waiting, not lost
+    assert b.metrics.version_waits._value.get() == 1
+    assert "g00000002" in b.loop.waiting
+
+    pusher = threading.Thread(target=b.swap.apply_weights, args=(weights[8], PolicyVersion(1, 8)))
+    pusher.start()
+    _run_until(b, lambda: _stream_groups(redis_client, cfg, ROLLOUTS))
+    pusher.join(10)
+    (rollout,) = _stream_groups(redis_client, cfg, ROLLOUTS)
+    assert token_versions_problem(rollout, PolicyVersion(1, 8)) is None
+    assert all(list(s.token_versions) == [8] * len(s.token_versions) for s in rollout.samples)
+    assert any(s.continued_from for s in rollout.samples)
+    assert streams.dead_letters(count=None) == []

@@ -5,24 +5,29 @@ engine's work directory within it, and on /dev/shm); bytes that change between t
 the worker's load are refused by the worker, and the engine keeps serving the old version. Over the
 collective route the engine's worker joins the weight group itself and checks each bucket. Stepped
 continuously, the engine process's own account labels every token with the weights that sampled it, though
-it samples ahead of the loop that reads the tokens."""
+it samples ahead of the loop that reads the tokens; a prompt seen before a push is prefilled again by the new
+weights, though sequences in flight keep the prefix cache from being reset; and a generator's loop is the only
+thread that talks to the engine while pushes arrive over gRPC as groups are added."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.bench.enginepush import compare, report
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.continuous import ContinuousSampler
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate
+from asyncrlhf.streams import PAYLOAD_FIELD, PROMPTS, ROLLOUTS, RunStreams, run_key
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_sender import CollectiveSender
@@ -34,6 +39,7 @@ from asyncrlhf.weights.shm import SHM_DIR
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
 from services.generator.metrics import GeneratorMetrics
+from services.generator.run import GeneratorService
 from services.generator.server import WeightSwap, start_weight_sync
 from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, reference_logprobs, vllm_config
 from tests.integration.weights.routes import FlippingSender
@@ -271,3 +277,140 @@ def test_the_push_bench_times_every_path_into_the_engine_process(engine):
     assert result["collective_ratio"] == result["collective_step_to_serve_s"] / result["file_step_to_serve_s"]
     assert any("collective, received by the engine's worker" in line for line in report(result))
     assert backend.handoff is not None and not list(backend.work_dir.iterdir())  # restored, no file left
+
+
+def test_after_a_push_a_prompt_seen_before_is_prefilled_by_the_new_weights_while_sequences_run(engine):
+    # A sequence in flight across the push holds KV blocks, so vLLM would refuse to reset the prefix cache
+    # ("some blocks are not freed yet"). The prompt seen before the push (longer than a KV block: 128 tokens
+    # on CPU, so its first block is cached) must not reuse the old weights' blocks: the token sampled after
+    # it has exactly the new weights' log-prob (temperature 1: the model's own distribution).
+    cfg, _, backend, prompts = engine
+    policy = load_policy(cfg.model).eval()
+    first = backend.version + 1
+    weights = {first: perturbed_state_dict(policy, seed=41, scale=0.2),
+               first + 1: perturbed_state_dict(policy, seed=42, scale=0.2)}
+    seen, sampling = (prompts[1] * 20)[:140], SamplingConfig(temperature=1.0)
+    backend.apply_weights(weights[first], PolicyVersion(0, first))
+    driver = backend.driver = VLLMStepEngine(backend)
+    try:
+        driver.add("in-flight", prompts[0], 200, sampling)
+        driver.add("seen", seen, 1, sampling)
+        ended = ended_by(driver, "seen")
+        backend.apply_weights(weights[first + 1], PolicyVersion(0, first + 1))
+        driver.add("seen-again", seen, 1, sampling)
+        ended |= ended_by(driver, "seen-again")
+        assert "in-flight" not in ended  # it held its blocks across the push
+        driver.abort(["in-flight"])
+    finally:
+        backend.driver = None
+    policy.load_state_dict(weights[first + 1])
+    token, logprob = ended["seen-again"]
+    assert abs(logprob - reference_logprobs(policy, seen, [token], sampling).item()) <= PARITY_ATOL
+
+
+def ended_by(driver: VLLMStepEngine, key: str) -> dict[str, tuple[int, float]]:
+    """Step until sequence `key` ends: the first token and its log-prob of each sequence that ended."""
+    ended: dict[str, tuple[int, float]] = {}
+    while key not in ended:
+        for delta in driver.step():
+            if delta.finish is not None:
+                ended[delta.key] = (delta.token_ids[0], delta.logprobs[0])
+    return ended
+
+
+class SocketEntries:
+    """Watches the real client of an engine in a process of its own (vLLM's `SyncMPClient`): the threads
+    that send on its socket (every add, abort and utility call goes through `_send_input`), and whether two
+    ever sent at once."""
+
+    def __init__(self, client) -> None:
+        self.client, self.threads, self.overlaps = client, set(), 0
+        self._inside, self._lock = 0, threading.Lock()
+        send = client._send_input
+
+        def watched(*args, **kwargs):
+            with self._lock:
+                self._inside += 1
+                self.overlaps += self._inside > 1
+                self.threads.add(threading.current_thread().name)
+            try:
+                return send(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._inside -= 1
+
+        client._send_input = watched
+
+    def close(self) -> None:
+        del self.client._send_input
+
+
+def test_only_the_loops_thread_talks_to_the_engine_while_pushes_arrive_and_groups_are_added(
+        engine, redis_client, redis_url, run_name):
+    # The generator service, continuous, on the engine process: groups are read and added while the learner
+    # pushes versions over gRPC. The push's pause, load, label and resume go to the loop's thread, which runs
+    # them between two steps: one thread ever sends on the client's socket (on a ZMQ socket, two at once
+    # garble a message and kill the engine). Another thread that tries to step is refused; once the loop has
+    # stopped, a push is refused (the generator is stopping) and the version served stays.
+    base, _, backend, prompts = engine
+    cfg = base.model_copy(update={
+        "run": base.run.model_copy(update={"name": run_name}),
+        "redis": base.redis.model_copy(update={"url": redis_url, "block_ms": 50}),
+        "generator": base.generator.model_copy(update={
+            "mode": "continuous", "samples_per_prompt": 2, "batch_prompts": 2,
+            "sampling": SamplingConfig(temperature=1.0, max_new_tokens=12)})})
+    producer = RunStreams(redis_client, run_name, cfg.redis).producer(PROMPTS)
+    for i in range(8):
+        producer.add(PromptGroup(group_id=f"g{i:08d}", prompt_token_ids=prompts[i % 2], k=2,
+                                 enqueued_at=time.time()))
+    learner = load_policy(cfg.model).eval()
+    service = GeneratorService(cfg, backend=backend, tokenizer=load_tokenizer(cfg.model), client=redis_client)
+    entries = SocketEntries(backend.llm.llm_engine.engine_core)
+    outcomes: list = []
+    try:
+        service.start()
+        target = PushTarget(service.id, service.weight_sync.address)
+
+        def pushes() -> None:
+            with WeightPusher.from_config(cfg, routes=(Route.SHM,)) as pusher:
+                for step in range(backend.version + 1, backend.version + 5):
+                    weights = perturbed_state_dict(learner, seed=60 + step, scale=0.2)
+                    outcomes.extend(pusher.push(weights, PolicyVersion(1, step), [target]))
+                    time.sleep(0.2)  # pushes land among the loop's adds and steps
+
+        pusher = threading.Thread(target=pushes, name="learner")
+        pusher.start()
+        deadline = time.monotonic() + 180
+        while pusher.is_alive() or service.loop.sampler.groups:
+            assert time.monotonic() < deadline, "the loop did not write the groups"
+            service.loop.step()
+        pusher.join()
+        refused: list[str] = []
+
+        def intrude() -> None:
+            try:
+                service.loop.engine.step()
+            except RuntimeError as err:
+                refused.append(str(err))
+
+        intruder = threading.Thread(target=intrude)
+        intruder.start()
+        intruder.join()
+        service.loop.hand_on()  # the end of the loop's `run`
+        service.loop.engine.fail_waiting("the generator is stopping")
+        served = backend.version
+        with WeightPusher.from_config(cfg, routes=(Route.SHM,)) as late:
+            (after_stop,) = late.push(perturbed_state_dict(learner, seed=70, scale=0.2),
+                                      PolicyVersion(1, served + 1), [target])
+    finally:
+        entries.close()
+        service.close()
+        backend.driver, backend.recompute_inflight = None, False
+    assert [o.status for o in outcomes] == ["ok"] * 4, [o.detail for o in outcomes]
+    assert entries.threads == {threading.current_thread().name} and entries.overlaps == 0, entries.threads
+    assert refused and "only the thread that built it talks to the engine" in refused[0]
+    assert after_stop.status != "ok" and "the generator is stopping" in after_stop.detail, after_stop.detail
+    assert backend.version == served
+    written = [RolloutGroup.FromString(f[PAYLOAD_FIELD])
+               for _, f in redis_client.xrange(run_key(run_name, ROLLOUTS.name))]
+    assert len({v for g in written for s in g.samples for v in s.token_versions}) > 1  # across pushes

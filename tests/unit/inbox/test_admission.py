@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup, Sample
@@ -176,3 +178,23 @@ def test_dynamic_sampling_drops_a_stale_group_as_stale_and_never_filters_a_group
     assert verdict(rewarded([1.0, 1.0], version=3), FILTERING).action is Action.DROP  # 5 - 3 > 1
     retrain = Known(frozenset(), retrain={"g00000007"})
     assert verdict(rewarded([1.0, 1.0]), FILTERING, retrain).action is Action.TRAIN
+
+
+def test_in_continuous_mode_a_long_answer_beyond_the_bound_is_corrected_not_dropped():
+    # A long answer's first tokens outlive max_staleness while short answers cycle (issue 48, fault 4). Left
+    # unset, continuous mode's stale_policy is tis: its tokens beyond the bound are importance-corrected and
+    # those within it stay fresh; batch mode keeps drop.
+    from asyncrlhf.config import load_config
+    from asyncrlhf.inbox.inbox import admission_rules
+
+    continuous = admission_rules(load_config(["configs/tiny.yaml"], ["generator.mode=continuous",
+                                                                     "learner.max_staleness=1"]))
+    batch = admission_rules(load_config(["configs/tiny.yaml"], ["learner.max_staleness=1"]))
+    assert (continuous.stale_policy, batch.stale_policy) == ("tis", "drop")
+    sample = Sample(completion_token_ids=[7] * 4, logprobs=[-1.0] * 4, reward=1, token_versions=[2, 3, 4, 5])
+    long = RolloutGroup(group_id="g00000009", prompt=PromptGroup(group_id="g00000009", prompt_token_ids=[5]),
+                        samples=[sample] * 2, policy_version=2, lineage=2)
+    judged = admit("g00000009", long, NOW, replace(continuous, samples_per_prompt=2), NOTHING)
+    # staleness 5 - 2 = 3 > 1: corrected; fresh from 5 - 1 = 4, so versions 2 and 3 are corrected, 4 and 5 not
+    assert (judged.action, judged.decision) == (Action.TRAIN, StalenessDecision(3, "correct", fresh_from=4))
+    assert admit("g00000009", long, NOW, replace(batch, samples_per_prompt=2), NOTHING).action is Action.DROP
