@@ -1,4 +1,4 @@
-"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--runs inprocess,sync,async1,async2]
+"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--runs inprocess,sync,async1,...]
 [--backend hf --backend vllm] [--json] [--out DIR] [--overwrite] [overrides]`: the services, synchronous and
 asynchronous, beside one process doing the same work.
 
@@ -6,7 +6,8 @@ Runs the same number of learner steps as: `inprocess` (the library's sampling, r
 process on every core, no services: `asyncrlhf.bench.inprocess`), `sync` (`max_staleness` 0 through
 `asyncrlhf up`: generation waits for training and training for generation), `async1` and `async2`
 (`max_staleness` 1, 2), and async1 with one thing changed: `cont1` (`generator.mode=continuous`), `pack1`
-(`learner.packing`), `dyn1` (`learner.dynamic_sampling`), each set beside async1; then scores each run's
+(`learner.packing`), `dyn1` (`learner.dynamic_sampling`), `waitpush1` (`learner.background_publish=false`:
+each step waits for its push), each set beside async1; then scores each run's
 checkpoints on the held-out prompts with the gold reward. With
 several `--backend`s, every run is made with each generator backend (names get `-<backend>`). Prints per run:
 wall-clock per step (between the first and last step, so start-up is excluded), where a step's time goes
@@ -33,10 +34,12 @@ from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, rows_of
 
 # name -> max_staleness (None: no services)
-RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1, "pack1": 1, "dyn1": 1}
+RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1, "pack1": 1, "dyn1": 1,
+        "waitpush1": 1}
 # async1 with one thing changed, each set beside async1 in the summary (`vs_async1`)
 VARIANTS = {"cont1": ["generator.mode=continuous"], "pack1": ["learner.packing=true"],
-            "dyn1": ["learner.dynamic_sampling.enabled=true"]}
+            "dyn1": ["learner.dynamic_sampling.enabled=true"],
+            "waitpush1": ["learner.background_publish=false"]}
 TARGET_SYNC_VS_INPROCESS = 1.1  # sync s/step <= 1.1x inprocess
 TARGET_ASYNC_SPEEDUP = 1.2  # async1 >= 1.2x faster than inprocess
 

@@ -116,13 +116,15 @@ def test_a_continuous_run_is_made_in_continuous_mode_and_the_others_in_the_confi
     assert not any(o.startswith("generator.mode") for o in run_overrides([], "async1-vllm", 1, 4, tmp_path))
 
 
-def test_the_packing_and_dynamic_sampling_runs_change_only_their_option(tmp_path):
+def test_the_packing_dynamic_sampling_and_waited_push_runs_change_only_their_option(tmp_path):
     from asyncrlhf.bench.pipeline import run_overrides
 
     base = set(run_overrides([], "async1", 1, 4, tmp_path))
     assert set(run_overrides([], "pack1", 1, 4, tmp_path)) - base >= {"learner.packing=true"}
     assert set(run_overrides([], "dyn1", 1, 4, tmp_path)) - base >= {"learner.dynamic_sampling.enabled=true"}
-    assert not any(o.startswith(("learner.packing", "learner.dynamic")) for o in base)
+    # async1 beside itself with each step waiting for its push, in one bench run
+    assert set(run_overrides([], "waitpush1", 1, 4, tmp_path)) - base >= {"learner.background_publish=false"}
+    assert not any(o.startswith(("learner.packing", "learner.dynamic", "learner.background")) for o in base)
 
 
 def test_an_earlier_benchs_run_is_refused_and_kept(tmp_path, capsys):
