@@ -12,8 +12,10 @@ from asyncrlhf.algorithms.grpo import grpo_advantages, grpo_loss
 from asyncrlhf.algorithms.kl import AdaptiveKLController, KLKind, kl_penalty, shape_rewards
 from asyncrlhf.algorithms.logprobs import sequence_logprobs, token_logprobs
 from asyncrlhf.algorithms.masking import masked_mean, masked_sum, masked_var, token_mean
+from asyncrlhf.algorithms.mismatch import MismatchTotals, mismatch_totals
 from asyncrlhf.algorithms.offpolicy import (
     ImportanceKind,
+    RolloutCorrection,
     StalenessDecision,
     StalenessMode,
     decoupled_ppo_loss,
@@ -21,6 +23,7 @@ from asyncrlhf.algorithms.offpolicy import (
     generating_version,
     importance_weights,
     staleness_decision,
+    with_rollout_correction,
 )
 from asyncrlhf.algorithms.ppo import clipped_surrogate, gae, ppo_policy_loss, ppo_value_loss, whiten
 from asyncrlhf.algorithms.reinforce import (
@@ -38,7 +41,9 @@ __all__ = [
     "DPOLossType",
     "ImportanceKind",
     "KLKind",
+    "MismatchTotals",
     "Normalization",
+    "RolloutCorrection",
     "StalenessDecision",
     "StalenessMode",
     "best_of_n_loss",
@@ -58,6 +63,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_var",
+    "mismatch_totals",
     "missing_eos_penalty",
     "perplexity",
     "policy_gradient_loss",
@@ -76,4 +82,5 @@ __all__ = [
     "uninformative",
     "whiten",
     "win_rate",
+    "with_rollout_correction",
 ]

@@ -157,5 +157,6 @@ def test_dashboard_panels_are_well_formed_against_the_provisioned_datasource():
         "gold reward",
         "win rate",
         "idle and wait",
+        "training-inference mismatch",
     ):
         assert topic in titles, f"the dashboard has no panel on {topic}"
