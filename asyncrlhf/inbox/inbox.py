@@ -125,6 +125,7 @@ class Inbox:
 
     def trained(self, batch: StepBatch, version: int) -> None:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
+        assert self._awaiting is None, "the last step's credits still wait for its push: one step at a time"
         self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries, **trained_row(batch))
 
     def settle(self, batch: StepBatch, version: int, stop: threading.Event,
@@ -151,11 +152,6 @@ class Inbox:
         holds. Returns what the push's thread calls when the push completes: `release(version)`."""
         self._awaiting = version
         return lambda: self.release(version)
-
-    @property
-    def awaiting_push(self) -> bool:
-        """Whether a trained step's credits wait for its background push."""
-        return self._awaiting is not None
 
     # -- what a strategy uses ------------------------------------------------------------------------------
 

@@ -164,7 +164,6 @@ class Learner:
         are held: one step's credits await a push at a time); the seconds waited."""
         waited = self.weights.wait()
         self._waited_on_push(waited)
-        assert not self.inbox.awaiting_push, "a completed push left its step's credits held"
         return waited
 
     def _waited_on_push(self, seconds: float) -> None:
