@@ -47,7 +47,8 @@ class Correction:
                    lc.rollout_correction_cap)
 
     def weighs(self, rows: SequenceBatch) -> bool:
-        """Whether any token of `rows` gets an importance weight other than 1 by construction."""
+        """Whether a token of `rows` may weigh other than 1: a row is corrected, or the rollout correction
+        is on."""
         return self.rollout != "none" or bool(rows.corrected.any())
 
     def token_weights(self, rows: SequenceBatch, stale_kind: A.ImportanceKind | None = None) -> torch.Tensor:

@@ -136,10 +136,12 @@ class LearnerMetrics:
 
     def _init_mismatch(self, r: CollectorRegistry) -> None:
         """The training-inference mismatch of the last step that had fresh tokens (sampled by the learner's
-        own version); the counter says how many were measured (docs/off-policy.md)."""
+        own version), 0 until one had; the counter says how many were measured (docs/off-policy.md)."""
         self.mismatch_abs_log_ratio = Gauge(names.LEARNER_MISMATCH_ABS_LOG_RATIO, "|log mu - log pi_old| of "
                                             "the last measured step's fresh tokens: mean and max.", ["stat"],
                                             registry=r)
+        for stat in ("mean", "max"):  # exported from the start
+            self.mismatch_abs_log_ratio.labels(stat)
         self.mismatch_kl = Gauge(names.LEARNER_MISMATCH_KL, "k3 estimate of KL(mu || pi_old) per fresh "
                                  "token, last measured step.", registry=r)
         self.mismatch_outside = Gauge(names.LEARNER_MISMATCH_OUTSIDE_SHARE, "Share of the last measured "
