@@ -176,3 +176,15 @@ def test_each_step_measures_the_mismatch_of_its_fresh_tokens_against_the_pre_upd
     assert sample(names.LEARNER_MISMATCH_ABS_LOG_RATIO, {"stat": "max"}) == \
         stats["mismatch_abs_log_ratio_max"]
     assert sample(names.LEARNER_MISMATCH_KL) == stats["mismatch_kl"]
+
+
+def test_the_rollout_correction_weighs_fresh_pairs_of_online_dpo():
+    """Online DPO has no frozen pass of the policy: the rollout correction adds one. Behaviour log-probs of
+    -20 per token make every pair's ratio pi_old / mu huge, so each pair weighs the cap: the first step's loss
+    is twice the uncorrected one (the same initial weights and groups)."""
+    groups = train_groups(scored_groups(2, 2, logprob=-20.0))
+    plain, _ = make_trainer("learner.algorithm=online_dpo")
+    corrected, _ = make_trainer("learner.algorithm=online_dpo", "learner.rollout_correction=tis",
+                                "learner.rollout_correction_cap=2.0")
+    uncorrected = plain.train_step(groups)["loss"]
+    assert corrected.train_step(groups)["loss"] == pytest.approx(2 * uncorrected, rel=1e-5)
