@@ -127,6 +127,11 @@ LEARNER_UNPACKED_PADDING_SHARE = _metric("learner", "unpacked_padding_share")  #
 LEARNER_FILTERED_GROUPS_TOTAL = _metric("learner", "filtered_groups", "total")  # label: reason
 LEARNER_REFILL_GROUPS = _metric("learner", "refill_groups")  # groups filtered and refilled, last step
 LEARNER_REFILL_CAPPED_STEPS_TOTAL = _metric("learner", "refill_capped_steps", "total")
+# The training-inference mismatch on the last step's fresh tokens (asyncrlhf.algorithms.mismatch)
+LEARNER_MISMATCH_ABS_LOG_RATIO = _metric("learner", "mismatch_abs_log_ratio")  # label: stat (mean, max)
+LEARNER_MISMATCH_KL = _metric("learner", "mismatch_kl")  # k3 KL(mu || pi_old) per token
+LEARNER_MISMATCH_OUTSIDE_SHARE = _metric("learner", "mismatch_outside_share")  # ratio outside [1/c, c]
+LEARNER_MISMATCH_TOKENS_TOTAL = _metric("learner", "mismatch_tokens", "total")  # fresh tokens measured
 
 EVALUATOR_GOLD_REWARD = _metric("evaluator", "gold_reward")
 EVALUATOR_WIN_RATE = _metric("evaluator", "win_rate")

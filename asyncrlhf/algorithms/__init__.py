@@ -18,8 +18,10 @@ from asyncrlhf.algorithms.judging import (
 from asyncrlhf.algorithms.kl import AdaptiveKLController, KLKind, kl_penalty, shape_rewards
 from asyncrlhf.algorithms.logprobs import sequence_logprobs, token_logprobs
 from asyncrlhf.algorithms.masking import masked_mean, masked_sum, masked_var, token_mean
+from asyncrlhf.algorithms.mismatch import MismatchTotals, mismatch_totals
 from asyncrlhf.algorithms.offpolicy import (
     ImportanceKind,
+    RolloutCorrection,
     StalenessDecision,
     StalenessMode,
     decoupled_ppo_loss,
@@ -27,6 +29,7 @@ from asyncrlhf.algorithms.offpolicy import (
     generating_version,
     importance_weights,
     staleness_decision,
+    with_rollout_correction,
 )
 from asyncrlhf.algorithms.ppo import clipped_surrogate, gae, ppo_policy_loss, ppo_value_loss, whiten
 from asyncrlhf.algorithms.reinforce import (
@@ -44,7 +47,9 @@ __all__ = [
     "DPOLossType",
     "ImportanceKind",
     "KLKind",
+    "MismatchTotals",
     "Normalization",
+    "RolloutCorrection",
     "StalenessDecision",
     "StalenessMode",
     "best_of_n_loss",
@@ -66,6 +71,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_var",
+    "mismatch_totals",
     "missing_eos_penalty",
     "ordered_pairs",
     "pairwise_scores",
@@ -86,4 +92,5 @@ __all__ = [
     "uninformative",
     "whiten",
     "win_rate",
+    "with_rollout_correction",
 ]

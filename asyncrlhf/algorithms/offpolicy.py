@@ -4,7 +4,9 @@ A generator samples with behaviour log-probs log μ (recorded in the rollout, po
 and computed by a different engine); the learner recomputes log π. Truncated IS: Yao et al. 2025, "Your
 Efficient RL Framework Secretly Brings You Off-Policy RL Training" (tis, and masked IS "mis"). Decoupled
 PPO: Fu et al. 2025, "AReaL", eq. 5, after Hilton et al. 2022, "Batch size-invariance for policy
-optimization".
+optimization". Two corrections weight a token by its ratio π_prox / μ: the staleness correction (tokens
+beyond the staleness bound) and the rollout correction (every token, for the engine's numerics:
+`with_rollout_correction`).
 """
 
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from asyncrlhf.algorithms.masking import masked_mean, token_mean
 from asyncrlhf.algorithms.ppo import clipped_surrogate
 
 ImportanceKind = Literal["is", "tis", "mis"]
+RolloutCorrection = Literal["none", "tis", "mis"]
 
 _IMPORTANCE_KINDS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
     "is": lambda ratio, cap: ratio,
@@ -44,37 +47,68 @@ def importance_weights(
     return truncate(torch.exp(logprobs.detach() - behaviour_logprobs.detach()), cap)
 
 
+def with_rollout_correction(
+    stale_weights: torch.Tensor,
+    corrected: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    kind: RolloutCorrection,
+    cap: float = 2.0,
+) -> torch.Tensor:
+    """The staleness correction's weights with the rollout correction's composed in: every token (or
+    sequence) weighted by its ratio ``π_prox / μ`` under ``kind`` at ``cap``, fresh ones included.
+
+    Where the staleness correction weights a token too, both bound the one ratio, so the weight is the
+    smaller: the ratio truncated at the lower cap, times each mask (a token either one masks weighs 0), as
+    veRL multiplies its IS weight by its rejection mask. The ratio itself counts once: multiplying the two
+    weights, each already ``π_prox / μ``, would square it. Elsewhere the staleness weight is 1 and the
+    rollout correction's applies alone.
+
+    Args:
+        stale_weights: (...) the staleness correction's weights (``importance_weights``; 1 off ``corrected``).
+        corrected: (...) bool, where the staleness correction applies.
+        proximal_logprobs, behaviour_logprobs: (...) log π_prox and log μ (of tokens, or of sequences: their
+            sums over tokens).
+        kind: "none" (``stale_weights`` unchanged), "tis" truncated or "mis" masked at ``cap``.
+
+    Returns:
+        (...) weights, without gradient.
+    """
+    if kind == "none":
+        return stale_weights
+    every = importance_weights(proximal_logprobs, behaviour_logprobs, kind, cap)
+    return torch.where(corrected, torch.minimum(stale_weights, every), every)
+
+
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
+    behaviour_weights: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float,
     *,
-    weight_kind: ImportanceKind = "is",
-    weight_cap: float = 2.0,
     denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Decoupled PPO (AReaL eq. 5): clip around the proximal policy, importance-weight from the behaviour one.
 
-    ``loss_t = (π_prox / μ) * max(-A r, -A clip(r, 1 - ε, 1 + ε))`` with ``r = π_θ / π_prox``. The trust
-    region is centred on π_prox (the learner's policy before this update) however stale μ is. With
-    ``behaviour_logprobs == proximal_logprobs`` every weight is 1 and this is ``ppo_policy_loss``.
+    ``loss_t = w_t * max(-A r, -A clip(r, 1 - ε, 1 + ε))`` with ``r = π_θ / π_prox`` and ``w_t`` the bounded
+    ``π_prox / μ``. The trust region is centred on π_prox (the learner's policy before this update) however
+    stale μ is. With every weight 1 this is ``ppo_policy_loss``.
 
     Args:
         logprobs: (B, T) log π_θ (with gradient).
         proximal_logprobs: (B, T) log π_prox, recomputed by the learner before the update.
-        behaviour_logprobs: (B, T) log μ from the generator.
+        behaviour_weights: (B, T) ``π_prox / μ`` bounded (``importance_weights``,
+            ``with_rollout_correction``), μ the generator's behaviour policy.
         advantages: (B, T). mask: (B, T). clip_eps: ε.
-        weight_kind, weight_cap: how to bound ``π_prox / μ`` (see ``importance_weights``).
         denominator: token count to divide by instead of this batch's (see ``masking.token_mean``).
 
     Returns:
         loss: scalar. stats: ``clip_fraction``, ``approx_kl`` (to π_prox) and ``behaviour_weight`` (the mean
         importance weight), detached.
     """
-    weights = importance_weights(proximal_logprobs, behaviour_logprobs, weight_kind, weight_cap)
+    weights = behaviour_weights.detach()
     log_ratio = logprobs - proximal_logprobs.detach()
     ratio = torch.exp(log_ratio)
     per_token_loss, clipped = clipped_surrogate(ratio, advantages.detach(), clip_eps)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 BENCHMARKS = ("transport", "generator", "pipeline", "load", "chaos", "staleness", "learner",
-              "dynamic", "judge")
+              "dynamic", "judge", "mismatch")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,4 +1,4 @@
-"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--runs inprocess,sync,async1,async2]
+"""`asyncrlhf bench pipeline --config configs/demo.yaml [--steps N] [--runs inprocess,sync,async1,...]
 [--backend hf --backend vllm] [--json] [--out DIR] [--overwrite] [overrides]`: the services, synchronous and
 asynchronous, beside one process doing the same work.
 
@@ -6,12 +6,14 @@ Runs the same number of learner steps as: `inprocess` (the library's sampling, r
 process on every core, no services: `asyncrlhf.bench.inprocess`), `sync` (`max_staleness` 0 through
 `asyncrlhf up`: generation waits for training and training for generation), `async1` and `async2`
 (`max_staleness` 1, 2), and async1 with one thing changed: `cont1` (`generator.mode=continuous`), `pack1`
-(`learner.packing`), `dyn1` (`learner.dynamic_sampling`), each set beside async1; then scores each run's
-checkpoints on the held-out prompts with the gold reward. With
+(`learner.packing`), `dyn1` (`learner.dynamic_sampling`), `waitpush1` (`learner.background_publish=false`:
+each step waits for its push), `tis1` (`learner.rollout_correction=tis`: every token weighted for the
+engine's numerics; with `--backend vllm`), each set beside async1; then scores each run's checkpoints on the
+held-out prompts with the gold reward and the KL to the reference. With
 several `--backend`s, every run is made with each generator backend (names get `-<backend>`). Prints per run:
 wall-clock per step (between the first and last step, so start-up is excluded), where a step's time goes
 (generation, scoring, training, publish = gather + push, apply, learner waiting, generator idle: seconds per
-step, from each service's own metrics), final gold reward, and with `task.env` the episodes trained per
+step, from each service's own metrics), final gold reward and KL, and with `task.env` the episodes trained per
 second; the speed of each service run against
 `inprocess`, and the async run's overlap limit max(generation, training). Dotted overrides apply to every
 run. Writes `gold_vs_wallclock.png` and `result.json` in the bench dir (`--out`); a run directory an earlier
@@ -33,10 +35,12 @@ from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.consumed import Kind, rows_of
 
 # name -> max_staleness (None: no services)
-RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1, "pack1": 1, "dyn1": 1}
+RUNS = {"inprocess": None, "sync": 0, "async1": 1, "async2": 2, "cont1": 1, "pack1": 1, "dyn1": 1,
+        "waitpush1": 1, "tis1": 1}
 # async1 with one thing changed, each set beside async1 in the summary (`vs_async1`)
 VARIANTS = {"cont1": ["generator.mode=continuous"], "pack1": ["learner.packing=true"],
-            "dyn1": ["learner.dynamic_sampling.enabled=true"]}
+            "dyn1": ["learner.dynamic_sampling.enabled=true"],
+            "waitpush1": ["learner.background_publish=false"], "tis1": ["learner.rollout_correction=tis"]}
 TARGET_SYNC_VS_INPROCESS = 1.1  # sync s/step <= 1.1x inprocess
 TARGET_ASYNC_SPEEDUP = 1.2  # async1 >= 1.2x faster than inprocess
 
@@ -138,8 +142,8 @@ def service_breakdown(final: dict[str, dict[str, float]], steps: int) -> dict[st
 
 
 def evaluate(runs: list[dict]) -> None:
-    """Gold reward of the initial policy and of every checkpoint of every run (after all runs, so scoring
-    does not steal CPU from the runs being timed)."""
+    """Gold reward of the initial policy and of every checkpoint of every run, and each run's last KL to the
+    reference (after all runs, so scoring does not steal CPU from the runs being timed)."""
     from asyncrlhf.models import load_tokenizer
     from asyncrlhf.stages.evaluation import GoldEvaluation
     from asyncrlhf.training.checkpoint import load_checkpoint_policy, read_state, step_dirs
@@ -148,13 +152,13 @@ def evaluate(runs: list[dict]) -> None:
     evaluation = GoldEvaluation(first, load_tokenizer(first.model))
     initial = evaluation.evaluate(evaluation.reference, evaluation.initial_generations())["gold_reward"]
     for run in runs:
-        points, run["gold_by_version"] = [(0.0, initial)], {0: initial}
+        points, run["gold_by_version"], run["kl"] = [(0.0, initial)], {0: initial}, 0.0
         for ckpt in step_dirs(run["cfg"].run.path):
             version = read_state(ckpt).version
             policy = load_checkpoint_policy(str(ckpt), run["cfg"].model)
-            gold = evaluation.evaluate(policy, evaluation.generate(policy, version))["gold_reward"]
-            points.append((run["step_times"].get(version, float("nan")), gold))
-            run["gold_by_version"][version] = gold
+            scores = evaluation.evaluate(policy, evaluation.generate(policy, version))
+            points.append((run["step_times"].get(version, float("nan")), scores["gold_reward"]))
+            run["gold_by_version"][version], run["kl"] = scores["gold_reward"], scores["kl"]
         run["gold_curve"], run["gold"] = points, points[-1][1]
 
 
@@ -181,7 +185,7 @@ def summarise(runs: list[dict], steps: int, root: Path) -> dict:
     by_name = {r["name"]: r for r in runs}
     result: dict = {"steps": steps, "plot": str(root / "gold_vs_wallclock.png"), "runs": [
         {"name": r["name"], "backend": r["cfg"].generator.backend, "s_per_step": r["s_per_step"],
-         "gold": r["gold"], "breakdown": r["breakdown"],
+         "gold": r["gold"], "kl": r.get("kl"), "breakdown": r["breakdown"],
          "generator_idle_fraction": r["generator_idle_fraction"],
          "learner_wait_fraction": r["learner_wait_fraction"],
          "trained_tokens_per_s": r.get("trained_tokens_per_s", 0.0),
@@ -268,11 +272,12 @@ def print_table(result: dict) -> None:
     phases = ("generation", "scoring", "training", "publish", "apply", "learner_wait", "generator_idle")
     short = {"generation": "gen", "scoring": "score", "training": "train", "publish": "pub",
              "learner_wait": "wait", "generator_idle": "idle"}
-    print(f"{'run':<16}{'s/step':>8}{'gold':>8}  " + "".join(f"{short.get(p, p):>7}" for p in phases)
+    print(f"{'run':<16}{'s/step':>8}{'gold':>8}{'kl':>7}  " + "".join(f"{short.get(p, p):>7}" for p in phases)
           + "   (seconds per step)" + f"{'train tok/s':>13}{'gen tok/s':>11}{'wait %':>8}{'idle %':>8}")
     for r in result["runs"]:
         b = r["breakdown"]
-        print(f"{r['name']:<16}{r['s_per_step']:>8.2f}{r['gold']:>8.3f}  "
+        kl = f"{r['kl']:>7.2f}" if r.get("kl") is not None else f"{'-':>7}"
+        print(f"{r['name']:<16}{r['s_per_step']:>8.2f}{r['gold']:>8.3f}{kl}  "
               + "".join(f"{b[p]:>7.2f}" if p in b else f"{'-':>7}" for p in phases) + " " * 21
               + f"{r.get('trained_tokens_per_s', 0):>13.1f}{r.get('generated_tokens_per_s', 0):>11.1f}"
               + f"{100 * r.get('learner_wait_fraction', 0):>8.1f}"

@@ -141,6 +141,17 @@ class LearnerBase(Section):
         "policy generates max_staleness + 1 batches, trained in turn (Noukhovitch et al. 2024)."
     )
     tis_cap: float = Field(2.0, gt=0, description="Truncated importance weights are clamped at this value.")
+    rollout_correction: Literal["none", "tis", "mis"] = Field(
+        "none", description="Importance weights pi_old / mu on every token, fresh ones included, for the "
+        "generator's numerics (its kernels, bf16, FP8 against the learner's): tis truncates them at "
+        "rollout_correction_cap, mis masks the tokens above it; online DPO weighs a pair by the product over "
+        "its tokens. Composes with stale_policy tis/decoupled: the two weights multiply, as veRL's IS weight "
+        "and rejection mask do, on the one ratio of a token (truncated at the lower cap, 0 where either "
+        "masks; the ratio counted once, not squared). none: a fresh token's ratio is taken as 1 "
+        "(docs/off-policy.md, \"The training-inference mismatch\").")
+    rollout_correction_cap: float = Field(
+        2.0, ge=1, description="The rollout correction's cap c (veRL's rollout_is_threshold and slime's "
+        "tis_clip default to 2.0); the mismatch metrics count the tokens whose ratio leaves [1/c, c].")
     kl: KLConfig = KLConfig()
     lora: LoraConfig = LoraConfig()
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()

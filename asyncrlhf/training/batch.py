@@ -47,6 +47,13 @@ class TrainGroup:
         """Per sample, whether each completion token is importance-corrected."""
         return [[self.decision.corrects(v) for v in versions] for versions in self.token_versions()]
 
+    def fresh_tokens(self) -> list[list[bool]]:
+        """Per sample, whether each completion token was sampled by the learner's own version: staleness 0,
+        in a group whose tokens are judged one by one in the learner's lineage (within the bound, or spanning
+        versions up to it; another lineage's versions never count as the learner's)."""
+        judged = self.decision.action == "fresh" or self.decision.fresh_from is not None
+        return [[judged and s == 0 for s in sample] for sample in self.token_staleness()]
+
 
 def validate_group(group: RolloutGroup, k: int) -> str | None:
     """Why a scored group cannot be trained on, or None."""
@@ -82,6 +89,7 @@ class SequenceBatch:
     corrected: torch.Tensor  # (B,) bool, the group's staleness decision is "correct" (which tokens: below)
     corrected_tokens: torch.Tensor  # (B, T) bool, the token is importance-corrected; False on padding
     token_staleness: torch.Tensor  # (B, T) long, versions between the token's sampler and the learner; 0 pad
+    fresh_tokens: torch.Tensor  # (B, T) bool, a real token sampled by the learner's version (no staleness)
     turn_rewards: torch.Tensor  # (B, T) an episode's per-turn rewards at each turn's last token; 0 elsewhere
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by objectives
 
@@ -132,7 +140,8 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         for gi, g in enumerate(groups)
         for si, s in enumerate(g.message.samples)
     ]
-    per_token = [pair for g in groups for pair in zip(g.corrected_tokens(), g.token_staleness(), strict=True)]
+    per_token = [triple for g in groups
+                 for triple in zip(g.corrected_tokens(), g.token_staleness(), g.fresh_tokens(), strict=True)]
     width_p = max(len(p) for p, *_ in rows)
     width_t = max(1, max(len(s.completion_token_ids) for _, s, *_ in rows))
     b = len(rows)
@@ -142,8 +151,10 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
     behaviour = torch.zeros((b, width_t))
     corrected_tokens = torch.zeros((b, width_t), dtype=torch.bool)
     token_staleness = torch.zeros((b, width_t), dtype=torch.long)
+    fresh_tokens = torch.zeros((b, width_t), dtype=torch.bool)
     turn_rewards = torch.zeros((b, width_t))
-    for i, ((prompt, sample, *_rest), (corrected, staleness)) in enumerate(zip(rows, per_token, strict=True)):
+    for i, ((prompt, sample, *_rest), (corrected, staleness, fresh)) in enumerate(zip(rows, per_token,
+                                                                                      strict=True)):
         completion = list(sample.completion_token_ids)
         n_p, n_c = len(prompt), len(completion)
         input_ids[i, width_p - n_p : width_p + n_c] = torch.tensor(prompt + completion, dtype=torch.long)
@@ -152,6 +163,7 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         behaviour[i, :n_c] = torch.tensor(list(sample.logprobs), dtype=torch.float)
         corrected_tokens[i, :n_c] = torch.tensor(corrected, dtype=torch.bool)
         token_staleness[i, :n_c] = torch.tensor(staleness, dtype=torch.long)
+        fresh_tokens[i, :n_c] = torch.tensor(fresh, dtype=torch.bool) & mask[i, :n_c].bool()
         for end, reward in zip(sample.turn_ends, sample.turn_rewards, strict=False):  # a failed step: none
             turn_rewards[i, end - 1] += reward
     return SequenceBatch(
@@ -167,5 +179,6 @@ def build_batch(groups: Sequence[TrainGroup], pad_id: int) -> SequenceBatch:
         corrected=torch.tensor([c for *_, c in rows], dtype=torch.bool),
         corrected_tokens=corrected_tokens,
         token_staleness=token_staleness,
+        fresh_tokens=fresh_tokens,
         turn_rewards=turn_rewards,
     )

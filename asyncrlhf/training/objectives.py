@@ -9,9 +9,11 @@ An objective turns a step's `SequenceBatch` into training items and a loss:
 Tokens whose staleness decision is "correct" (`batch.corrected_tokens`, set by `learner.stale_policy` tis or
 decoupled: every token of a corrected group in batch mode, only those beyond the bound when a sample's tokens
 span versions) get importance weights from the behaviour log-probs, as the objective's `Correction` says:
-truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL); every other token's behaviour
-log-prob is replaced by the proximal one, so its ratio is exactly 1 and with no corrected tokens every
-objective is its on-policy self. A sequence-level weight (online DPO's pairs) is the product of its tokens'.
+truncated at `tis_cap`, or per-token masked above it (decoupled, AReaL). With `learner.rollout_correction`
+none, every other token's behaviour log-prob is replaced by the proximal one, so its ratio is exactly 1 and
+with no corrected tokens every objective is its on-policy self; with tis or mis every token is weighted for
+the generator's numerics too, composed with the staleness weight (`algorithms.with_rollout_correction`). A
+sequence-level weight (online DPO's pairs) is the product of its tokens' ratios, truncated.
 """
 
 from __future__ import annotations
@@ -29,16 +31,34 @@ from asyncrlhf.training.batch import SequenceBatch
 
 @dataclass(frozen=True)
 class Correction:
-    """How corrected rows are importance-weighted: per-token weights of kind `token_kind` ("tis" truncates
-    at `cap`, "mis" drops tokens above it); sequence-level weights are always truncated at `cap`."""
+    """How rows are importance-weighted. Corrected (stale) tokens: per-token weights of kind `token_kind`
+    ("tis" truncates at `cap`, "mis" drops tokens above it); sequence-level weights always truncated at `cap`.
+    Every token: the rollout correction `rollout` ("none", "tis" or "mis" at `rollout_cap`)."""
 
     token_kind: A.ImportanceKind
     cap: float
+    rollout: A.RolloutCorrection = "none"
+    rollout_cap: float = 2.0
 
     @classmethod
     def from_config(cls, cfg: Config) -> Correction:
         lc = cfg.learner
-        return cls("mis" if lc.stale_policy == "decoupled" else "tis", lc.tis_cap)
+        return cls("mis" if lc.stale_policy == "decoupled" else "tis", lc.tis_cap, lc.rollout_correction,
+                   lc.rollout_correction_cap)
+
+    def weighs(self, rows: SequenceBatch) -> bool:
+        """Whether a token of `rows` may weigh other than 1: a row is corrected, or the rollout correction
+        is on."""
+        return self.rollout != "none" or bool(rows.corrected.any())
+
+    def token_weights(self, rows: SequenceBatch, stale_kind: A.ImportanceKind | None = None) -> torch.Tensor:
+        """(B, T) weights π_old / μ: `stale_kind` (default `token_kind`) at `cap` on corrected tokens (1
+        elsewhere), composed with the rollout correction on every token."""
+        old = rows.extras["old_logps"]
+        stale = A.importance_weights(old, _behaviour_for_correction(rows), stale_kind or self.token_kind,
+                                     self.cap)
+        return A.with_rollout_correction(stale, rows.corrected_tokens, old, rows.behaviour_logps,
+                                         self.rollout, self.rollout_cap)
 
 
 @dataclass(frozen=True)
@@ -146,15 +166,27 @@ class OnlineDPO:
         return LossOut(loss, None, stats)
 
     def _pair_weights(self, micro: SequenceBatch) -> torch.Tensor:
-        """Sequence-level truncated IS weight of each pair (the ratio over its corrected tokens); 1 for fresh
-        pairs."""
-        if not micro.corrected.any():
+        """Sequence-level IS weight of each pair: the ratio over its corrected tokens, truncated (1 for fresh
+        pairs), composed with the rollout correction's ratio over all its tokens."""
+        c = self.correction
+        if not c.weighs(micro):
             return torch.ones(len(micro) // 2)
-        old = A.sequence_logprobs(micro.extras["old_logps"], micro.mask)
-        behaviour = A.sequence_logprobs(_behaviour_for_correction(micro), micro.mask)
-        pair_old, pair_behaviour = old[0::2] + old[1::2], behaviour[0::2] + behaviour[1::2]
-        weights = A.importance_weights(pair_old, pair_behaviour, "tis", self.correction.cap)
-        return torch.where(micro.corrected[0::2] | micro.corrected[1::2], weights, torch.ones_like(weights))
+        pair_old = _pair_sums(micro.extras["old_logps"], micro.mask)
+        stale = torch.ones_like(pair_old)
+        if micro.corrected.any():
+            weights = A.importance_weights(pair_old, _pair_sums(_behaviour_for_correction(micro), micro.mask),
+                                           "tis", c.cap)
+            stale = torch.where(micro.corrected[0::2] | micro.corrected[1::2], weights, stale)
+        tokens = micro.corrected_tokens.any(dim=1)
+        behaviour = _pair_sums(micro.behaviour_logps, micro.mask)
+        return A.with_rollout_correction(stale, tokens[0::2] | tokens[1::2], pair_old, behaviour, c.rollout,
+                                         c.rollout_cap)
+
+
+def _pair_sums(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(P,) the summed log-probs of each pair's two sequences (rows 2p and 2p + 1) from (2P, T) ones."""
+    seq = A.sequence_logprobs(logps, mask)
+    return seq[0::2] + seq[1::2]
 
 
 class BestOfN:
@@ -178,9 +210,8 @@ class BestOfN:
         self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
     ) -> LossOut:
         weights = torch.ones_like(logps)
-        if micro.corrected.any():
-            weights = A.importance_weights(micro.extras["old_logps"], _behaviour_for_correction(micro), "tis",
-                                           self.correction.cap)
+        if self.correction.weighs(micro):
+            weights = self.correction.token_weights(micro, "tis")
         loss = A.best_of_n_loss(logps * weights, micro.mask, denominator=totals.tokens)
         return LossOut(loss, None, {"nll": A.masked_mean(-logps.detach(), micro.mask)})
 
@@ -225,9 +256,8 @@ class PolicyGradient(_KLMixin):
         self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
     ) -> LossOut:
         loss, stats = A.decoupled_ppo_loss(
-            logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
-            micro.mask, self.clip_eps, weight_kind=self.correction.token_kind, weight_cap=self.correction.cap,
-            denominator=totals.tokens,
+            logps, micro.extras["old_logps"], self.correction.token_weights(micro),
+            micro.extras["advantages"], micro.mask, self.clip_eps, denominator=totals.tokens,
         )
         loss = loss + self._kl_loss_term(micro, logps, totals)
         stats["advantage_mean"] = A.masked_mean(micro.extras["advantages"], micro.mask)
@@ -273,9 +303,8 @@ class PPO(_KLMixin):
         self, micro: SequenceBatch, logps: torch.Tensor, values: torch.Tensor | None, totals: Totals
     ) -> LossOut:
         policy_loss, stats = A.decoupled_ppo_loss(
-            logps, micro.extras["old_logps"], _behaviour_for_correction(micro), micro.extras["advantages"],
-            micro.mask, self.ppo.clip_eps, weight_kind=self.correction.token_kind,
-            weight_cap=self.correction.cap, denominator=totals.tokens,
+            logps, micro.extras["old_logps"], self.correction.token_weights(micro),
+            micro.extras["advantages"], micro.mask, self.ppo.clip_eps, denominator=totals.tokens,
         )
         policy_loss = policy_loss + self._kl_loss_term(micro, logps, totals)
         if values is None:

@@ -6,6 +6,12 @@ reference log-probs and values where needed); the objective prepares advantages;
 of micro-batched backward passes, each rank taking every world-th training item, and one DeepSpeed step per
 mini-batch. Losses are normalised by the whole mini-batch's totals, and multiplied by the world size because
 DeepSpeed averages gradients over ranks: the sum over ranks and micro-batches is then the full-batch loss.
+
+Every step measures the training-inference mismatch on the selected rows' fresh tokens (sampled by the
+learner's own version: `SequenceBatch.fresh_tokens`), against the pre-update log-probs: the frozen pass's
+where the step computes them, else the update pass's, which are the same weights' (an objective without a
+frozen pass trains one epoch of one mini-batch, and the weights change only at its end; on several ranks,
+this rank's share of the rows).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from asyncrlhf import algorithms as A
 from asyncrlhf.config import Config, PPOLearnerConfig
 from asyncrlhf.training.batch import SequenceBatch, TrainGroup, build_batch
 from asyncrlhf.training.forward import Positions, make_forward, padded_share
@@ -38,6 +45,12 @@ class Trainer:
         self.temperature = cfg.generator.sampling.temperature
         lc = cfg.learner
         self.forward = make_forward(lc.packing, lc.pack_tokens, lc.micro_batch_size, lc.pack_attention)
+        self.rollout_corrected, self.mismatch_cap = lc.rollout_correction != "none", lc.rollout_correction_cap
+        self._mismatch = A.MismatchTotals()  # this step's, so far
+        self._mismatch_in_update = False  # no frozen pre-update log-probs this step: measured in the update
+        assert objective.needs_old_logps or self._passes() == (1, 1), \
+            "an objective without a frozen pass must train one epoch of one mini-batch (its mismatch is " \
+            "read from the update pass)"
         self.device = self.policy.device
         # Dropout off: the frozen pass and the update see the same function (ratio exactly 1 on-policy).
         self.policy.eval()
@@ -51,7 +64,11 @@ class Trainer:
         if len(rows) == 0:
             return {**stats, "skipped_step": 1.0}
         self.forward.positions = Positions()
-        rows = self.objective.prepare(self._frozen_pass(rows.to(self.device)))
+        rows = self._frozen_pass(rows.to(self.device))
+        self._mismatch, self._mismatch_in_update = A.MismatchTotals(), "old_logps" not in rows.extras
+        if not self._mismatch_in_update:
+            self._measure(rows, rows.extras["old_logps"])
+        rows = self.objective.prepare(rows)
         epochs, minibatches = self._passes()
         sums: dict[str, float] = defaultdict(float)
         n = 0
@@ -66,15 +83,20 @@ class Trainer:
         stats["sequences"] = float(len(batch))
         stats["padding_share"] = self.forward.positions.padding_share
         stats["padding_share_unpacked"] = padded_share(rows)
+        stats.update(self._mismatch.stats())
         return stats
+
+    def _measure(self, rows: SequenceBatch, logps: torch.Tensor) -> None:
+        """Add the mismatch of `rows`' fresh tokens; `logps`: (B, T) the learner's pre-update log-probs."""
+        self._mismatch += A.mismatch_totals(rows.behaviour_logps, logps, rows.fresh_tokens, self.mismatch_cap)
 
     # -- the frozen pass --------------------------------------------------------------------------------
 
     @torch.no_grad()
     def _frozen_pass(self, rows: SequenceBatch) -> SequenceBatch:
-        """Pre-update log-probs (when the objective or a corrected row needs them), reference log-probs
-        and values, once per step."""
-        need_old = self.objective.needs_old_logps or bool(rows.corrected.any())
+        """Pre-update log-probs (when the objective, the rollout correction or a corrected row needs them),
+        reference log-probs and values, once per step."""
+        need_old = self.objective.needs_old_logps or self.rollout_corrected or bool(rows.corrected.any())
         wanted = {"old_logps": need_old, "ref_logps": self.objective.needs_reference,
                   "old_values": self.objective.needs_values}
         extras = {name: torch.zeros_like(rows.mask) for name, want in wanted.items() if want}
@@ -139,6 +161,8 @@ class Trainer:
                 self.value.set_gradient_accumulation_boundary(boundary)
                 values = self._values(micro)
             out = self.objective.loss(micro, logps, values, totals)
+            if self._mismatch_in_update and len(units):
+                self._measure(micro, logps)
             self.policy.backward(out.policy * scale, scale_wrt_gas=False)
             if out.value is not None and self.value is not None:
                 self.value.backward(out.value * scale, scale_wrt_gas=False)

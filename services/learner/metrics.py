@@ -122,6 +122,7 @@ class LearnerMetrics:
                              "(docs/stalls.md).", ["hop"], registry=r)
         self.stalled.labels(Hop.NONE.value).set(0)
         self._init_batching(r)
+        self._init_mismatch(r)
 
     def _init_batching(self, r: CollectorRegistry) -> None:
         """Packing's padding shares and dynamic sampling's filtered and refilled groups."""
@@ -138,6 +139,33 @@ class LearnerMetrics:
                             registry=r)
         self.refill_capped = Counter(names.LEARNER_REFILL_CAPPED_STEPS_TOTAL, "Steps that reached "
                                      "learner.dynamic_sampling.refill_cap.", registry=r)
+
+    def _init_mismatch(self, r: CollectorRegistry) -> None:
+        """The training-inference mismatch of the last step that had fresh tokens (sampled by the learner's
+        own version), 0 until one had; the counter says how many were measured (docs/off-policy.md)."""
+        self.mismatch_abs_log_ratio = Gauge(names.LEARNER_MISMATCH_ABS_LOG_RATIO, "|log mu - log pi_old| of "
+                                            "the last measured step's fresh tokens: mean and max.", ["stat"],
+                                            registry=r)
+        for stat in ("mean", "max"):  # exported from the start
+            self.mismatch_abs_log_ratio.labels(stat)
+        self.mismatch_kl = Gauge(names.LEARNER_MISMATCH_KL, "k3 estimate of KL(mu || pi_old) per fresh "
+                                 "token, last measured step.", registry=r)
+        self.mismatch_outside = Gauge(names.LEARNER_MISMATCH_OUTSIDE_SHARE, "Share of the last measured "
+                                      "step's fresh tokens whose ratio pi_old / mu leaves [1/c, c] "
+                                      "(c: learner.rollout_correction_cap).", registry=r)
+        self.mismatch_tokens = Counter(names.LEARNER_MISMATCH_TOKENS_TOTAL, "Fresh tokens the mismatch was "
+                                       "measured on.", registry=r)
+
+    def record_mismatch(self, stats: dict[str, float]) -> None:
+        """A step's mismatch figures (`asyncrlhf.algorithms.MismatchTotals.stats`), if it measured any token:
+        a step with no fresh token leaves the gauges at the last one that had."""
+        if not stats.get("mismatch_tokens"):
+            return
+        self.mismatch_tokens.inc(stats["mismatch_tokens"])
+        self.mismatch_abs_log_ratio.labels("mean").set(stats["mismatch_abs_log_ratio_mean"])
+        self.mismatch_abs_log_ratio.labels("max").set(stats["mismatch_abs_log_ratio_max"])
+        self.mismatch_kl.set(stats["mismatch_kl"])
+        self.mismatch_outside.set(stats["mismatch_outside_share"])
 
     def record_batching(self, stats: dict[str, float], filtered: int, capped: bool) -> None:
         """A step's padding shares (from its stats) and its groups filtered and refilled."""
@@ -164,6 +192,7 @@ class LearnerMetrics:
             self.kl.set(stats["kl"])
         for key, value in stats.items():
             self.stat.labels(key).set(value)
+        self.record_mismatch(stats)
         for g in groups:
             for sample in g.message.samples:
                 self.sample_tokens.labels("trained").observe(len(sample.completion_token_ids))

@@ -7,7 +7,7 @@ step. Only the push moves: the snapshot (under ZeRO-3 a sequence of collective g
 thread, so every rank runs its collectives in the same order as a synchronous publish, and the pushed tensors
 are CPU copies that the next step cannot touch. One push is in flight at a time: a newer version waits for it
 (`wait`) rather than replacing it, so every version reaches the generators, and the credits of the step it
-follows are freed in order (the caller frees them when `pushed()`).
+follows are freed in order: by the push's thread as it completes (`then`), while the learner trains.
 
 Push outcomes become metrics and warnings. With `learner.relay_fanout` the publisher pushes through the
 relay tree (`relay.TreePush`): to a few generators that relay the version to the others, every target
@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -66,10 +67,12 @@ class WeightPublisher:
         self._listed_at = 0.0  # time.monotonic() of the last registry read (`_live`)
         self._failure: BaseException | None = None  # how the background push ended, if it raised
 
-    def publish(self, version: int, background: bool = False) -> float:
+    def publish(self, version: int, background: bool = False,
+                then: Callable[[], None] = lambda: None) -> float:
         """Snapshot the weights of `version` (all ranks) and push them to every live generator (rank 0): here,
-        or on a thread of its own when `background`. Returns the seconds the caller waited on pushes (the
-        previous one still in flight; all of this one unless `background`)."""
+        or on a thread of its own when `background`, which calls `then` when the push completes (not when it
+        failed: `wait` raises that). Returns the seconds the caller waited on pushes (the previous one still
+        in flight; all of this one unless `background`)."""
         waited = self.wait()
         lc = self.cfg.learner
         started = time.perf_counter()
@@ -78,7 +81,7 @@ class WeightPublisher:
         if self.rank != 0:
             return waited
         if background:
-            self._in_flight = threading.Thread(target=self._push_in_background, args=(started,),
+            self._in_flight = threading.Thread(target=self._push_in_background, args=(started, then),
                                                name=f"publish-{version}", daemon=True)
             self._in_flight.start()
             return waited
@@ -113,9 +116,10 @@ class WeightPublisher:
             self.metrics.step_to_serve.set(time.perf_counter() - started)
         self.metrics.publish_time.observe(time.perf_counter() - started)
 
-    def _push_in_background(self, started: float) -> None:
+    def _push_in_background(self, started: float, then: Callable[[], None]) -> None:
         try:
             self._push_live(started, waited_on=False)
+            then()
         except BaseException as err:  # handed to the learner's thread by `pushed`
             self._failure = err
 

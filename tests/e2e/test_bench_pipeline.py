@@ -35,7 +35,7 @@ def test_inprocess_beside_sync_on_the_tiny_model(tmp_path):
     assert sync["breakdown"]["generation"] > 0 and sync["breakdown"]["training"] > 0
     assert sync["breakdown"]["publish"] > 0  # every version was pushed to the generator
     for r in runs.values():
-        assert r["s_per_step"] > 0 and isinstance(r["gold"], float)
+        assert r["s_per_step"] > 0 and isinstance(r["gold"], float) and isinstance(r["kl"], float)
     assert result["vs_inprocess"]["sync"] == pytest.approx(sync["s_per_step"] / inprocess["s_per_step"])
     assert (tmp_path / "inprocess" / "checkpoints").is_dir()
     assert (tmp_path / "gold_vs_wallclock.png").stat().st_size > 0
@@ -116,13 +116,17 @@ def test_a_continuous_run_is_made_in_continuous_mode_and_the_others_in_the_confi
     assert not any(o.startswith("generator.mode") for o in run_overrides([], "async1-vllm", 1, 4, tmp_path))
 
 
-def test_the_packing_and_dynamic_sampling_runs_change_only_their_option(tmp_path):
+def test_the_variants_of_async1_change_only_their_option(tmp_path):
     from asyncrlhf.bench.pipeline import run_overrides
 
     base = set(run_overrides([], "async1", 1, 4, tmp_path))
     assert set(run_overrides([], "pack1", 1, 4, tmp_path)) - base >= {"learner.packing=true"}
     assert set(run_overrides([], "dyn1", 1, 4, tmp_path)) - base >= {"learner.dynamic_sampling.enabled=true"}
-    assert not any(o.startswith(("learner.packing", "learner.dynamic")) for o in base)
+    # async1 beside itself with each step waiting for its push, in one bench run
+    assert set(run_overrides([], "waitpush1", 1, 4, tmp_path)) - base >= {"learner.background_publish=false"}
+    assert set(run_overrides([], "tis1", 1, 4, tmp_path)) - base >= {"learner.rollout_correction=tis"}
+    changed = ("learner.packing", "learner.dynamic", "learner.background", "learner.rollout")
+    assert not any(o.startswith(changed) for o in base)
 
 
 def test_an_earlier_benchs_run_is_refused_and_kept(tmp_path, capsys):

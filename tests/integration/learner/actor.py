@@ -22,7 +22,10 @@ from asyncrlhf.registry import Heartbeat, Registry
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, SCORED, Delivery, RunStreams
 from asyncrlhf.weights import ModuleTarget, WeightReceiver, serve
 
-HOLD_S = 0.5  # spanning: the longest a group waits for a push before it ends under the version it started
+# Spanning: the longest a group waits for a push before it ends under the version it started. A background
+# push frees the next window's prompts as it lands, so a group read then waits a whole training step (and
+# the publish) for the next push: longer than that on a loaded host, or no group would span one.
+HOLD_S = 3.0
 
 
 def spanning_group(prompt: PromptGroup, started: int, ended: int) -> RolloutGroup:

@@ -3,10 +3,14 @@ version on a thread while it collects and trains the next step, and frees the ne
 that push completes, so with `max_staleness: 1` no trained token (each judged by its own sampling version) is
 more than one version old, by construction: nothing is dropped as stale."""
 
+import threading
+
 import pytest
 
 from asyncrlhf import metrics as names
 from asyncrlhf.consumed import Kind
+from services.learner.loop import Learner
+from tests.integration.learner.actor import Actor
 from tests.integration.learner.test_loop import consumed, learner_config, run_learner
 
 pytestmark = pytest.mark.integration
@@ -50,3 +54,39 @@ def test_synchronous_publish_keeps_the_same_bound(tmp_path, redis_url, run_name)
             for sample in actor.token_versions[gid] for v in sample]
     assert max(ages) <= 1
     assert learner.metrics.push_wait._value.get() > 0  # every step waited for its push
+
+
+def test_a_push_that_completes_while_the_learner_trains_frees_the_next_prompts_at_once(
+        tmp_path, redis_url, run_name):
+    """Each background push is held at the stand-in generator until the learner trains the next step, so it
+    completes mid-step (on the demo a push completed as the step's last group arrived, after the collect's
+    last tick). The step's credits must be freed then, not after the training: once the push of version s
+    completed, 2 + (s - 1) windows of prompts are enqueued (each trained step's refilled), while training."""
+    cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1", "learner.total_steps=3")
+    g = cfg.learner.groups_per_step
+    actor = Actor(cfg, redis_url).start()
+    applying = actor.receiver.target.lock  # held: a push waits before it is applied
+    enqueued: dict[int, int] = {}  # learner version before a step -> prompts enqueued once its push is done
+    bound = threading.Timer(120, lambda: learner.stop.set())  # bound the test
+    try:
+        learner = Learner(cfg)
+        train = learner.trainer.train_step
+
+        def train_with_the_push_landing_meanwhile(groups, step_seed=0):
+            version = learner.state.version
+            if version > 1:  # the push of `version` is in flight, held at the generator: it lands now
+                applying.release()
+            stats = train(groups, step_seed)
+            learner.weights.wait()  # the push completed (the learner's next call would wait for it too)
+            enqueued[version] = learner.inbox.feed.cursor
+            if version < cfg.learner.total_steps:  # hold the next step's push until that step trains
+                applying.acquire()
+            return stats
+
+        learner.trainer.train_step = train_with_the_push_landing_meanwhile
+        bound.start()
+        learner.run()
+    finally:
+        bound.cancel()
+        actor.close()
+    assert enqueued == {s: (2 + s - 1) * g for s in (1, 2, 3)}

@@ -53,6 +53,10 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
     learner, actor = run_learner(cfg, redis_url)
     rows = [r for r in consumed(cfg) if r["kind"] == Kind.TRAINED]
     assert len(rows) == 4 and all(s == 0 for r in rows for s in r["staleness"])  # on-policy by construction
+    # so every trained token is fresh: each one's recorded log-prob was measured against the learner's
+    sample = learner.metrics.registry.get_sample_value
+    assert sample(names.LEARNER_MISMATCH_TOKENS_TOTAL) == sample(names.LEARNER_TOKENS_TOTAL) > 0
+    assert sample(names.LEARNER_MISMATCH_ABS_LOG_RATIO, {"stat": "max"}) > 0  # the actor records -2.0 each
 
     # the synchronous path: the same groups, in the same order, straight into a fresh Trainer
     engine.init_distributed()

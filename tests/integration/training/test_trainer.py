@@ -1,6 +1,8 @@
 """Each algorithm trains for a few steps on fixed scored groups and moves its objective the right way
 (real DeepSpeed on CPU, tiny model)."""
 
+import math
+
 import pytest
 import torch
 
@@ -143,3 +145,46 @@ def test_zero3_trains_and_gathers_full_weights_to_push():
     reference = load_policy("tiny").state_dict()
     assert {n: t.shape for n, t in after.items()} == {n: t.shape for n, t in reference.items()}
     assert any(not torch.equal(before[n], after[n]) for n in after)  # the step changed the gathered weights
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "online_dpo"])
+def test_each_step_measures_the_mismatch_of_its_fresh_tokens_against_the_pre_update_policy(algorithm):
+    """rloo reads pi_old from its frozen pass, online DPO (no frozen pass of the policy) from its update pass:
+    both give the mismatch of the fresh tokens' recorded log-probs against the policy before the step; the
+    group one version old is not measured."""
+    trainer, policy = make_trainer(f"learner.algorithm={algorithm}", "learner.kl.coef=0.0")
+    groups = scored_groups(3, 2, logprob=-6.0)
+    admitted = train_groups(groups, corrected=[False, True, False]) if algorithm == "rloo" \
+        else train_groups(groups)  # a corrected group would give online DPO a frozen pass
+    fresh = [groups[0], groups[2]] if algorithm == "rloo" else groups
+    batch = build_batch(train_groups(fresh), pad_id=0)
+    with torch.no_grad():  # the policy's log-probs before the step, computed apart from the trainer
+        logits = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids).logits[:, -batch.completion_width - 1 : -1]
+    delta = (A.token_logprobs(logits, batch.labels) + 6.0)[batch.mask.bool()]
+    stats = trainer.train_step(admitted)
+    assert stats["mismatch_tokens"] == delta.numel()
+    assert stats["mismatch_abs_log_ratio_mean"] == pytest.approx(float(delta.abs().mean()), abs=1e-4)
+    assert stats["mismatch_abs_log_ratio_max"] == pytest.approx(float(delta.abs().max()), abs=1e-4)
+    assert stats["mismatch_kl"] == pytest.approx(float((delta.exp() - 1 - delta).mean()), rel=1e-4)
+    outside = (delta.abs() > math.log(2.0)).float().mean()  # the ratio outside [1/2, 2]
+    assert stats["mismatch_outside_share"] == pytest.approx(float(outside))
+    metrics = LearnerMetrics()
+    metrics.record_step(stats, admitted, version=2)
+    sample = metrics.registry.get_sample_value
+    assert sample(names.LEARNER_MISMATCH_TOKENS_TOTAL) == delta.numel()
+    assert sample(names.LEARNER_MISMATCH_ABS_LOG_RATIO, {"stat": "max"}) == \
+        stats["mismatch_abs_log_ratio_max"]
+    assert sample(names.LEARNER_MISMATCH_KL) == stats["mismatch_kl"]
+
+
+def test_the_rollout_correction_weighs_fresh_pairs_of_online_dpo():
+    """Online DPO has no frozen pass of the policy: the rollout correction adds one. Behaviour log-probs of
+    -20 per token make every pair's ratio pi_old / mu huge, so each pair weighs the cap: the first step's loss
+    is twice the uncorrected one (the same initial weights and groups)."""
+    groups = train_groups(scored_groups(2, 2, logprob=-20.0))
+    plain, _ = make_trainer("learner.algorithm=online_dpo")
+    corrected, _ = make_trainer("learner.algorithm=online_dpo", "learner.rollout_correction=tis",
+                                "learner.rollout_correction_cap=2.0")
+    uncorrected = plain.train_step(groups)["loss"]
+    assert corrected.train_step(groups)["loss"] == pytest.approx(2 * uncorrected, rel=1e-5)

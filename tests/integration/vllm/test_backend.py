@@ -103,6 +103,27 @@ def test_score_tokens_match_the_hf_backend(engine, top_n):
     assert score_gap(ours, hf.score_tokens(sequences, top_n)) <= PARITY_ATOL
 
 
+def test_bench_mismatch_measures_the_engine_against_the_trainer(engine):
+    """`asyncrlhf bench mismatch` on the module's fp32 engine, before any push (the weights the trainer
+    loads): against the fp32 trainer every token is within parity; against a bf16 trainer the same tokens
+    are further off."""
+    from asyncrlhf.bench.mismatch import measure, report
+
+    cfg, tokenizer, backend, prompts = engine
+    assert backend.version == 0
+    measured = measure(cfg, backend, tokenizer, prompts, ["float32", "bfloat16"])
+    fp32, bf16 = measured["float32"], measured["bfloat16"]
+    assert fp32["mismatch_tokens"] == bf16["mismatch_tokens"] > 0
+    assert (fp32["mismatch_abs_log_ratio_mean"] <= fp32["mismatch_abs_log_ratio_p99"]
+            <= fp32["mismatch_abs_log_ratio_max"] <= PARITY_ATOL)
+    assert fp32["mismatch_outside_share"] == 0.0
+    assert bf16["mismatch_abs_log_ratio_max"] > fp32["mismatch_abs_log_ratio_max"]
+    result = {"model": "tiny", "prompts": len(prompts), "k": 2, "temperature": 1.0, "max_new_tokens": 16,
+              "cap": 2.0, "pairs": [{"engine": "float32", "trainer": t, **f} for t, f in measured.items()]}
+    rows = [line.split()[:2] for line in report(result)[2:]]
+    assert rows == [["float32", "float32"], ["float32", "bfloat16"]]
+
+
 def test_full_push_through_weightsync_changes_what_the_engine_computes(engine, weightsync):
     cfg, _, backend, prompts = engine
     pusher, target = weightsync

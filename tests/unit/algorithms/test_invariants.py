@@ -8,6 +8,7 @@ from asyncrlhf.algorithms import (
     best_of_n_loss,
     decoupled_ppo_loss,
     grpo_loss,
+    importance_weights,
     policy_gradient_loss,
     ppo_policy_loss,
     ppo_value_loss,
@@ -50,9 +51,8 @@ def _grpo(p, b, d):
 
 
 def _decoupled_ppo(p, b, d):
-    return decoupled_ppo_loss(
-        p, b["old"], b["behaviour"], b["advantages"], b["mask"], 0.2, weight_kind="tis", denominator=d
-    )[0]
+    weights = importance_weights(b["old"], b["behaviour"], "tis")
+    return decoupled_ppo_loss(p, b["old"], weights, b["advantages"], b["mask"], 0.2, denominator=d)[0]
 
 
 def _pg_token(p, b, d):

@@ -12,6 +12,7 @@ from asyncrlhf.algorithms import (
     importance_weights,
     ppo_policy_loss,
     staleness_decision,
+    with_rollout_correction,
 )
 
 pytestmark = pytest.mark.unit
@@ -53,7 +54,8 @@ def test_decoupled_ppo_reduces_to_ppo_when_behaviour_is_proximal():
     mask = (torch.rand(3, 5, generator=g) > 0.3).float()
     logprobs_a = (proximal + 0.3 * torch.randn(3, 5, generator=g)).requires_grad_(True)
     logprobs_b = logprobs_a.detach().clone().requires_grad_(True)
-    loss_a, _ = decoupled_ppo_loss(logprobs_a, proximal, proximal.clone(), advantages, mask, 0.2)
+    weights = importance_weights(proximal, proximal.clone(), "tis")  # behaviour == proximal: all 1
+    loss_a, _ = decoupled_ppo_loss(logprobs_a, proximal, weights, advantages, mask, 0.2)
     loss_b, _ = ppo_policy_loss(logprobs_b, proximal, advantages, mask, 0.2)
     loss_a.backward()
     loss_b.backward()
@@ -65,7 +67,8 @@ def test_decoupled_ppo_hand_computed():
     logprobs = torch.tensor([[0.0, math.log(1.5)]], requires_grad=True)
     proximal = torch.zeros(1, 2)
     behaviour = torch.tensor([[math.log(0.5), 0.0]])  # weights π_prox / μ = 2, 1
-    loss, stats = decoupled_ppo_loss(logprobs, proximal, behaviour, torch.ones(1, 2), torch.ones(1, 2), 0.2)
+    weights = importance_weights(proximal, behaviour, "is")
+    loss, stats = decoupled_ppo_loss(logprobs, proximal, weights, torch.ones(1, 2), torch.ones(1, 2), 0.2)
     # t0: r = 1 vs proximal, -1 * 2 = -2; t1: r = 1.5 clipped to 1.2, -1.2 * 1; mean (-2 - 1.2) / 2
     assert_close(loss, torch.tensor(-1.6))
     assert_close(stats["behaviour_weight"], torch.tensor(1.5))
@@ -142,3 +145,35 @@ def test_a_group_spanning_versions_is_judged_on_its_oldest_token_and_corrected_p
     assert staleness_decision(6, 10, 2, "drop", newest=9) == StalenessDecision(4, "drop")
     # "keep" trains every token as is, whichever side of the bound
     assert not staleness_decision(6, 10, 2, "keep", newest=9).corrects(6)
+
+
+# The rollout correction composed with the staleness correction, by hand. Four tokens with ratios
+# π_prox / μ = 0.5, 3, 1.5, 2.5; the staleness correction weights tokens 1 and 2 only.
+RATIOS = torch.tensor([0.5, 3.0, 1.5, 2.5])
+PROXIMAL, MU = torch.zeros(4), -torch.log(RATIOS)
+STALE = torch.tensor([False, True, True, False])
+
+
+def stale_weights(kind: str) -> torch.Tensor:
+    """The staleness correction's weights as the objectives compute them: μ replaced by π_prox off STALE."""
+    return importance_weights(PROXIMAL, torch.where(STALE, MU, PROXIMAL), kind, cap=2.0)
+
+
+@pytest.mark.parametrize(
+    "stale_kind, rollout, cap, expected",
+    [
+        ("tis", "none", 2.0, [1.0, 2.0, 1.5, 1.0]),  # the staleness weights alone: min(r, 2) on 1 and 2
+        ("tis", "tis", 2.0, [0.5, 2.0, 1.5, 2.0]),  # every token min(r, 2); 1.5 is not squared to 2.25
+        ("tis", "mis", 2.0, [0.5, 0.0, 1.5, 0.0]),  # r > 2 masked, the stale token 1 too (min(2, 0))
+        ("mis", "tis", 4.0, [0.5, 0.0, 1.5, 2.5]),  # decoupled masks token 1 (3 > 2); 4 truncates nothing
+        ("tis", "tis", 1.2, [0.5, 1.2, 1.2, 1.2]),  # the lower cap wins on the stale tokens
+    ],
+)
+def test_the_rollout_correction_composes_with_the_staleness_weights(stale_kind, rollout, cap, expected):
+    weights = with_rollout_correction(stale_weights(stale_kind), STALE, PROXIMAL, MU, rollout, cap)
+    assert_close(weights, torch.tensor(expected))
+
+
+def test_with_rollout_correction_none_the_staleness_weights_pass_through_unchanged():
+    stale = stale_weights("tis")
+    assert with_rollout_correction(stale, STALE, PROXIMAL, MU, "none") is stale

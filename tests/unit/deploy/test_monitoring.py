@@ -159,5 +159,6 @@ def test_dashboard_panels_are_well_formed_against_the_provisioned_datasource():
         "idle and wait",
         "judge calls",
         "judged win rate",
+        "training-inference mismatch",
     ):
         assert topic in titles, f"the dashboard has no panel on {topic}"
