@@ -68,9 +68,14 @@ def test_gpu_devices_match_the_node_config(gpu):
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (apt-get install kubectl)")
+K8S_EVALUATOR = ["evaluator.device=cpu"]  # the overlay's evaluator on the CPU (deploy/k8s/overlays/gpu)
+
+
 def test_kubernetes_runs_what_compose_runs(gpu, tmp_path):
     """The GPU overlay and the GPU compose stack: the same run config, commands, ports and GPU counts; the
-    KEDA ScaledObjects scale the generator and reward Deployments."""
+    KEDA ScaledObjects scale the generator and reward Deployments. One difference, on purpose: Kubernetes
+    gives each GPU to one container, so the overlay's evaluator evaluates on the CPU (`evaluator.device=cpu`,
+    no GPU) where compose shares GPU 0 between it and the generator (K8S_EVALUATOR)."""
     docs = render_kustomize("overlays/gpu", tmp_path)
     find = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     run_yaml = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["run.yaml"]
@@ -87,11 +92,13 @@ def test_kubernetes_runs_what_compose_runs(gpu, tmp_path):
         assert (container.get("command") or [])[:4] == (compose.get("entrypoint") or [])[:4], name
         pod_only = ("redis.password=", "generator.advertise_host=")  # compose has no password, uses DNS
         k8s_args = [a for a in container["args"] if not a.startswith(pod_only)]
-        assert k8s_args == compose["command"], name
+        k8s_only = K8S_EVALUATOR if name == "evaluator" else []
+        assert k8s_args == compose["command"] + k8s_only, name
         http = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
         assert f"127.0.0.1:{http}/healthz" in " ".join(compose["healthcheck"]["test"]), name
         gpus = int(container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-        assert gpus == len(gpu_devices(compose)), f"{name}: {gpus} GPUs in k8s, {gpu_devices(compose)} here"
+        expected = 0 if name == "evaluator" else len(gpu_devices(compose))
+        assert gpus == expected, f"{name}: {gpus} GPUs in k8s, {gpu_devices(compose)} here"
     scaled = {d["metadata"]["name"]: d["spec"]["scaleTargetRef"] for d in docs if d["kind"] == "ScaledObject"}
     for name, ref in scaled.items():
         assert ("Deployment", ref["name"]) in find and ref["name"] == name, ref
