@@ -67,10 +67,10 @@ def test_gpu_devices_match_the_node_config(gpu):
     assert launch["learner_procs"] == len(launch["gpus"]["learner"].split(","))
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (apt-get install kubectl)")
 K8S_EVALUATOR = ["evaluator.device=cpu"]  # the overlay's evaluator on the CPU (deploy/k8s/overlays/gpu)
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (apt-get install kubectl)")
 def test_kubernetes_runs_what_compose_runs(gpu, tmp_path):
     """The GPU overlay and the GPU compose stack: the same run config, commands, ports and GPU counts; the
     KEDA ScaledObjects scale the generator and reward Deployments. One difference, on purpose: Kubernetes
