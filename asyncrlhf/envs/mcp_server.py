@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrlhf.chat_format import ToolSpec
 from asyncrlhf.envs.base import EnvFailure
-from asyncrlhf.envs.toolcalls import ToolSpec
 from asyncrlhf.envs.tools import Tool
 
 log = logging.getLogger(__name__)

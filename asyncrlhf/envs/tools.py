@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrlhf.chat_format import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.base import EnvFailure, Observation
-from asyncrlhf.envs.toolcalls import Message, ToolSpec, parse_tool_calls
 
 MALFORMED = "<malformed>"
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}

@@ -26,8 +26,8 @@ import time
 import weakref
 from typing import Any
 
+from asyncrlhf.chat_format import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.base import EnvFailure, as_messages
-from asyncrlhf.envs.toolcalls import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.tools import MALFORMED
 
 MODEL = "asyncrlhf-policy"  # the model name the rollout's calls carry
