@@ -67,7 +67,7 @@ def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - whatever the user's code raises ends its episode
+        except BaseException as err:  # whatever the user's code raises ends its episode
             box["error"] = err
 
     thread = threading.Thread(target=run, name=f"env-{what}", daemon=True)
