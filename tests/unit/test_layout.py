@@ -52,7 +52,7 @@ def layout_drift(block: str, roots: list[str]) -> tuple[list[str], list[str]]:
     names that is not in the repository."""
     entries = layout_entries(block)
     present = {str(p.relative_to(REPO)) for root in roots for p in (REPO / root).iterdir()
-               if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+               if (p / "__init__.py").exists() or (p.suffix == ".py" and p.stem != "__init__")}
     return sorted(present - entries), sorted(e for e in entries if not (REPO / e).exists())
 
 
@@ -63,7 +63,10 @@ def design_layout() -> str:
 
 
 def test_layout_entries_reads_roots_children_and_continuations():
-    block = ("pkg/\n  a/        the a package,\n            described over two lines\n  b.py      one module\n"
+    block = ("pkg/\n"
+             "  a/        the a package,\n"
+             "            described over two lines\n"
+             "  b.py      one module\n"
              "tools/    what tools do\n")
     assert layout_entries(block) == {"pkg", "pkg/a", "pkg/b.py", "tools"}
 
