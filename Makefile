@@ -60,13 +60,13 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Style and types, as configured in pyproject.toml, and no import cycle between the files of asyncrlhf/ and
-# services/ (TYPE_CHECKING and in-function imports count: tools/import_cycles.py); CI (.ci/run) runs it
-# before the tests.
+# Style and types, as configured in pyproject.toml, and the import contracts there (`[tool.importlinter]`:
+# the layering, and no import cycle between packages or files; TYPE_CHECKING and in-function imports count);
+# CI (.ci/run) runs it before the tests.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asyncrlhf services tests tools
 	$(VENV)/bin/mypy asyncrlhf services tools
-	$(PY) tools/import_cycles.py asyncrlhf services --exclude asyncrlhf/_proto
+	$(VENV)/bin/lint-imports --no-cache
 
 # The documentation site (mkdocs.yml): built with warnings as errors, then every link of the built site and
 # of the README checked (tests/unit/tools/test_docs_site.py runs the same in `make test`); `docs-serve` serves

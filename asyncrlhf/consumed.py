@@ -140,8 +140,9 @@ def rows_of(run_dir: Path, *kinds: Kind) -> list[dict]:
 
 
 def _read(path: Path) -> list[dict]:
-    """A last line cut short by a crash mid-write is skipped (its step was not acked, so its groups are
-    redelivered); blank lines are skipped."""
+    """Each row with its `kind` as a `Kind`. A last line cut short by a crash mid-write is skipped (its step
+    was not acked, so its groups are redelivered); blank lines are skipped; a row of a kind this version does
+    not know is an error that names its line."""
     if not path.exists():
         return []
     rows = []
@@ -150,8 +151,19 @@ def _read(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i != len(lines) - 1:
                 raise
+            continue
+        rows.append(_typed(row, path, i + 1))
     return rows
+
+
+def _typed(row: dict, path: Path, line: int) -> dict:
+    try:
+        return {**row, "kind": Kind(row.get("kind", ""))}
+    except ValueError:
+        known = ", ".join(kind.value for kind in Kind)
+        raise ValueError(f"{path}:{line}: unknown row kind {row.get('kind')!r} (known: {known}); read a log "
+                         "written by another asyncrlhf version with that version") from None

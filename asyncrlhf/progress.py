@@ -212,7 +212,7 @@ class Progress:
         """Show the final state (last known values, the final checkpoint's version) once more, and stop."""
         try:
             self.state.final_version = self.final_version()
-        except Exception:  # noqa: BLE001  (the display must close whatever the run directory holds)
+        except Exception:  # the display must close whatever the run directory holds
             self.state.final_version = None
         if self.live is not None:
             self.live.update(self.render(), refresh=True)

@@ -48,10 +48,10 @@ def load_results(run_dir: Path) -> list[dict[str, Any]]:
     return [by_version[v] for v in sorted(by_version)]
 
 
-def load_staleness(run_dir: Path) -> tuple[list[int], Counter]:
-    """Staleness (versions) of every trained group, and group counts by outcome."""
+def load_staleness(run_dir: Path) -> tuple[list[int], Counter[Kind]]:
+    """Staleness (versions) of every trained group, and group counts by how they ended."""
     staleness: list[int] = []
-    outcomes: Counter = Counter()
+    outcomes: Counter[Kind] = Counter()
     for row in rows_of(Path(run_dir), *ENDINGS):  # learner starts and groups enqueued again: no outcome
         outcomes[row["kind"]] += len(row.get("group_ids", []))
         if row["kind"] == Kind.TRAINED:
@@ -118,7 +118,7 @@ def _plot_frontier(ax, results) -> None:
     ax.grid(alpha=0.3)
 
 
-def _plot_staleness(ax, staleness: list[int], outcomes: Counter) -> None:
+def _plot_staleness(ax, staleness: list[int], outcomes: Counter[Kind]) -> None:
     if staleness:
         top = max(staleness)
         ax.hist(staleness, bins=[b - 0.5 for b in range(top + 2)], rwidth=0.8)
@@ -128,7 +128,7 @@ def _plot_staleness(ax, staleness: list[int], outcomes: Counter) -> None:
     ax.set_xlabel("staleness (policy versions)")
     ax.set_ylabel("groups trained")
     ax.set_title(
-        f"Staleness (dropped {outcomes.get('dropped', 0)}, dead-lettered {outcomes.get('dead_lettered', 0)})"
+        f"Staleness (dropped {outcomes[Kind.DROPPED]}, dead-lettered {outcomes[Kind.DEAD_LETTERED]})"
     )
     ax.grid(alpha=0.3, axis="y")
 
@@ -144,7 +144,7 @@ def _figure(panels: int, columns: int):
 
 
 def write_plots(
-    results: Sequence[dict], staleness: list[int], outcomes: Counter, out_dir: Path
+    results: Sequence[dict], staleness: list[int], outcomes: Counter[Kind], out_dir: Path
 ) -> dict[str, Path]:
     """One PNG per view plus `overview.png` with all of them; returns name -> path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -263,9 +263,9 @@ def write_report(run_dir: Path) -> Path:
         "## Samples",
         "",
         (
-            f"Groups trained {outcomes.get('trained', 0)}, "
-            f"dropped as too stale {outcomes.get('dropped', 0)}, "
-            f"dead-lettered {outcomes.get('dead_lettered', 0)}; mean staleness of trained groups "
+            f"Groups trained {outcomes[Kind.TRAINED]}, "
+            f"dropped as too stale {outcomes[Kind.DROPPED]}, "
+            f"dead-lettered {outcomes[Kind.DEAD_LETTERED]}; mean staleness of trained groups "
             f"{_fmt(mean_staleness, 2)} versions."
         ),
         *_stages_section(run_dir),

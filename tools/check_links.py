@@ -3,6 +3,10 @@ HTML page must name a file of the site, and each `#anchor` an `id` in its page. 
 mailto) are listed, not fetched. Also checks the relative links of Markdown files outside the site (the
 README): each must name a file of the repository.
 
+Beside MkDocs' own validation (`validation:` in mkdocs.yml, which fails `mkdocs build --strict` on a
+Markdown link or anchor between pages that does not resolve), this sees what MkDocs does not: links in raw
+HTML, links to files left out of the site (`exclude_docs`), and Markdown outside the site.
+
     python tools/check_links.py site [README.md ...]      # `make docs` runs it after `mkdocs build --strict`
 """
 

@@ -7,8 +7,8 @@ What each fenced block of the page does:
     ```bash                       run with `bash -euo pipefail` in the work directory
     ```python                     run with this Python (`python -c`) in the work directory
     ```LANG title="FILE"          written to FILE in the work directory (the reader saves it), not run
-    ```yaml                       a config fragment: loaded over configs/tiny.yaml, so every key it names
-                                  must exist in the config tree with a valid value
+    ```yaml                       a config fragment: loaded as a config (`load_config`), so every key it
+                                  names must exist in the config tree with a valid value
     ```text / ```console          output shown to the reader: not run
 
 A block is skipped only when the line before its fence says why, e.g. `<!-- docs-test: skip (gpu) -->`

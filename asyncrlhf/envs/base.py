@@ -6,7 +6,7 @@ stalling the generator.
 
 An observation is a string (the next user message) or a list of chat messages (tool results: `{"role":
 "tool", "content": ...}`). An environment may list `tools` (`ToolSpec`s): they are rendered into the
-episode's first context, and the model calls them per `asyncrlhf.envs.toolcalls`. A `reset` that declares
+episode's first context, and the model calls them per `asyncrlhf.chat_format`. A `reset` that declares
 a `reference` parameter (or `**kwargs`) receives the task's reference answer for the prompt.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from asyncrlhf.envs.toolcalls import Message, ToolSpec
+from asyncrlhf.chat_format import Message, ToolSpec
 
 Observation = str | list[Message]
 T = TypeVar("T")
@@ -67,7 +67,7 @@ def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - whatever the user's code raises ends its episode
+        except BaseException as err:  # whatever the user's code raises ends its episode
             box["error"] = err
 
     thread = threading.Thread(target=run, name=f"env-{what}", daemon=True)

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from asyncrlhf.chat_format import Message, ToolSpec, observation_text, render_chat
 from asyncrlhf.config import Config
 from asyncrlhf.envs import base
 from asyncrlhf.envs.base import Env, EnvFailure, StepResult
-from asyncrlhf.envs.toolcalls import Message, ToolSpec, observation_text, render_chat
 from asyncrlhf.sampling.backend import Completion, Finish
 
 MAX_PARALLEL_STEPS = 64  # environment steps of one turn run at once, on threads

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrlhf.chat_format import ToolSpec
 from asyncrlhf.envs.base import EnvFailure
-from asyncrlhf.envs.toolcalls import ToolSpec
 from asyncrlhf.envs.tools import Tool
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class McpServer:
     def _answers(self, session: Any) -> bool:
         try:
             self._run(session.send_ping(), min(self.PING_S, self.timeout_s))
-        except Exception:  # noqa: BLE001 - closed, broken or silent: down, whatever the SDK raised
+        except Exception:  # closed, broken or silent: down, whatever the SDK raised
             return False
         return True
 
@@ -142,7 +142,7 @@ class McpServer:
         self._session = None
         try:
             self._open()
-        except Exception as err:  # noqa: BLE001 - whatever stops the server from starting, it stays down
+        except Exception as err:  # whatever stops the server from starting, it stays down
             self._down_since = time.monotonic()
             self._why_down = f"it did not start: {type(err).__name__}: {err}"
             log.warning("the MCP server `%s` %s", self.name, self._why_down)

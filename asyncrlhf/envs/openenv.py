@@ -80,7 +80,7 @@ class OpenEnvEpisode:
         url = self.spec.endpoint(ws=True)
         try:
             self._conn = connect(url, open_timeout=self.spec.timeout_s, max_size=MAX_MESSAGE_BYTES)
-        except Exception as err:  # noqa: BLE001 - refused, handshake failed, timed out: this episode's end
+        except Exception as err:  # refused, handshake failed, timed out: this episode's end
             raise EnvFailure(f"error: cannot open a session at {url}: {type(err).__name__}: {err}") from None
         self._finalizer = weakref.finalize(self, _close, self._conn)
         data = {**self.spec.reset_args, "prompt": prompt}
@@ -106,7 +106,7 @@ class OpenEnvEpisode:
             self.close()
             raise EnvFailure(f"timeout: the OpenEnv server's {what} ran past task.env.step_timeout_s="
                              f"{self.spec.timeout_s:g}") from None
-        except Exception as err:  # noqa: BLE001 - the session closed or broke
+        except Exception as err:  # the session closed or broke
             self.close()
             raise EnvFailure(f"error: the OpenEnv session broke in {what}: {type(err).__name__}: "
                              f"{err}") from None
@@ -161,9 +161,9 @@ def _close(conn: Any) -> None:
     try:
         conn.send(json.dumps({"type": "close"}))
         conn.recv(timeout=CLOSE_WAIT_S)
-    except Exception:  # noqa: BLE001, S110 - closed by the server, as asked, or gone already
+    except Exception:  # closed by the server, as asked, or gone already
         pass
     try:
         conn.close()
-    except Exception:  # noqa: BLE001, S110 - a connection already broken has nothing left to close
+    except Exception:  # a connection already broken has nothing left to close
         pass

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrlhf.chat_format import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.base import EnvFailure, Observation
-from asyncrlhf.envs.toolcalls import Message, ToolSpec, parse_tool_calls
 
 MALFORMED = "<malformed>"
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
@@ -91,7 +91,7 @@ class ToolEnv:
             out = tool.call(arguments)
         except EnvFailure:  # the environment itself failed (an MCP server down): the episode ends
             raise
-        except Exception as err:  # noqa: BLE001 - a failed call is the model's to see, not the episode's end
+        except Exception as err:  # a failed call is the model's to see, not the episode's end
             self._count(name, failed=True)
             return f"error: {type(err).__name__}: {err}"
         self._count(name, failed=False)

@@ -26,8 +26,8 @@ import time
 import weakref
 from typing import Any
 
+from asyncrlhf.chat_format import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.base import EnvFailure, as_messages
-from asyncrlhf.envs.toolcalls import Message, ToolSpec, parse_tool_calls
 from asyncrlhf.envs.tools import MALFORMED
 
 MODEL = "asyncrlhf-policy"  # the model name the rollout's calls carry
@@ -109,7 +109,7 @@ class _Bridge:
                 await env.rubric.dummy_score_rollout(state)
         except asyncio.CancelledError:
             raise
-        except BaseException as err:  # noqa: BLE001 - the environment's failure, reported to its episode
+        except BaseException as err:  # the environment's failure, reported to its episode
             self.asks.put(("error", err))
             return
         self.asks.put(("done", state))
@@ -122,7 +122,7 @@ class _Bridge:
         def run() -> None:
             try:
                 self.loop.run_until_complete(task)
-            except BaseException:  # noqa: BLE001, S110 - cancelled: the episode ended first
+            except BaseException:  # cancelled: the episode ended first
                 pass
             finally:
                 self.loop.close()

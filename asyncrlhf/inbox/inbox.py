@@ -1,11 +1,12 @@
 """Rank 0's inbox: prompts enqueued under the in-flight bound, scored groups read and admitted, groups ended.
 
-A scored group is admitted once (`asyncrlhf.inbox.admission`). A group ends when it is trained, dropped or
-dead-lettered (`end`: its consumed-log row, its ack, its metric and its credit, released under one token);
-that frees its credit, so the feed enqueues the next prompt. In flight = enqueued - ended; both counters
-live in Redis and survive a restart. The tick keeps house while a step waits: a Redis restart or failover is
-repaired from the consumed log, prompts are enqueued, dead letters reaped, queues observed. How a step is
-collected is the staleness mode's strategy (`Bounded`, or `Windowed` for `exact` and `paper`).
+A scored group is admitted once (`asyncrlhf.inbox.admission`). A group ends when it is trained, dropped,
+filtered or dead-lettered (`asyncrlhf.inbox.endings`: its consumed-log row, its ack, its metric and its
+credit, released under one token); that frees its credit, so the feed enqueues the next prompt. In flight =
+enqueued - ended; both counters live in Redis and survive a restart. The tick keeps house while a step
+waits: a Redis restart or failover is repaired from the consumed log, prompts are enqueued, dead letters
+reaped, queues observed. How a step is collected is the staleness mode's strategy (`Bounded`, or `Windowed`
+for `exact` and `paper`).
 
 A trained step's credits are freed after its push: by the learner's thread after a synchronous one, by the
 push's own thread the moment a background one completes (`release_after_push`), whatever the learner is
@@ -20,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Set
 from dataclasses import replace
 
 from asyncrlhf.algorithms import filter_reason
@@ -28,6 +29,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.consumed import ConsumedLog, Kind, log_path
 from asyncrlhf.inbox.admission import Action, Known, Rules, Verdict, admit
 from asyncrlhf.inbox.bounded import Bounded
+from asyncrlhf.inbox.endings import Endings, trained_row
 from asyncrlhf.inbox.feed import PromptFeed
 from asyncrlhf.inbox.ids import enqueued_below
 from asyncrlhf.inbox.metrics import InboxMetrics, record_judged
@@ -36,10 +38,8 @@ from asyncrlhf.inbox.recovery import Recovery, RedisWatch
 from asyncrlhf.inbox.strategy import StepBatch, Strategy, WhileWaiting
 from asyncrlhf.inbox.windowed import HeldGroups, Windowed, refuse_resume
 from asyncrlhf.streams import (
-    DEAD_LETTER,
     FEED_CURSOR,
     FLOW,
-    LEARNER_DEAD_LETTER_CURSOR,
     LEARNER_FINISHED,
     LEARNER_GROUP,
     PROMPTS,
@@ -74,18 +74,17 @@ class Inbox:
         self.consumed = ConsumedLog(log_path(cfg.run.path))
         self.replica_wait = streams.replica_wait()  # WAIT after critical writes (redis.sentinel)
         self._finished_key = streams.key(LEARNER_FINISHED)
-        self._dlq_cursor_key = streams.key(LEARNER_DEAD_LETTER_CURSOR)
         # A new lineage continues the checkpoint's (or fresh weights): groups trained after it are retrained.
         state.lineage = self.consumed.begin(state.lineage if resumed else 0, state.version if resumed else 0)
         self.lineage = self.feed.lineage = state.lineage
         metrics.lineage.set(state.lineage)
         self.recovery = Recovery(streams, self.feed, self.consumed, self._finished_key, metrics)
         self.recovery.run(state.cursor, state.version)
+        self.endings = Endings(streams, self.consumer, self.feed, self.recovery, metrics, state.lineage)
         self.watch = RedisWatch(self.client)
         self.strategy: Strategy = (Bounded(lc) if lc.staleness_mode == "bound"
                                    else Windowed(lc, HeldGroups(self.consumer, cfg.redis.claim_idle_ms)))
         self.rules = admission_rules(cfg)
-        self._unreleased: list[str] = []  # trained, credits freed by `release` after the push
         self._awaiting: int | None = None  # the version whose background push is in flight
         self._enqueueing = threading.Lock()  # a push's thread releases while the learner's ticks
         self.keep = Keeper(self.consumer, cfg.redis.claim_idle_ms).keep  # a step's reads, while it collects
@@ -125,7 +124,7 @@ class Inbox:
     def trained(self, batch: StepBatch, version: int) -> None:
         """Record a trained step (fsynced) and ack its entries; `version` is the one its update produced."""
         assert self._awaiting is None, "the last step's credits still wait for its push: one step at a time"
-        self.end(Kind.TRAINED, version, batch.ids(), batch.deliveries, **trained_row(batch))
+        self.endings.end(Kind.TRAINED, version, batch.ids(), batch.deliveries, **trained_row(batch))
 
     def settle(self, batch: StepBatch, version: int, stop: threading.Event,
                while_waiting: WhileWaiting) -> None:
@@ -140,8 +139,7 @@ class Inbox:
         to hold the step's Redis writes (its acks, the finished count, the new prompts and the cursor)."""
         with self._enqueueing:
             self._awaiting = None
-            self._free(Kind.TRAINED, self._unreleased)
-            self._unreleased = []
+            self.endings.release_trained()
             self._fill(version)
         self.replica_wait(f"step to version {version}")
 
@@ -161,12 +159,12 @@ class Inbox:
         with self._enqueueing:
             if self.watch.restarted():
                 self.recovery.run(self.feed.known_cursor, version, self.strategy.holding(),
-                                  frozenset(self._unreleased))
+                                  frozenset(self.endings.unreleased))
             filled = self._fill(version)
         if filled:
             self.replica_wait(f"enqueueing prompts at version {version}")
         while_waiting()
-        self._reap_dead_letters(version)
+        self.endings.reap_dead_letters(version)
         observe_queues(self.streams, self.metrics, self.feed.credits.in_flight)
 
     def read(self, n: int) -> list[Delivery]:
@@ -205,32 +203,7 @@ class Inbox:
         elif verdict.reason:
             log.warning("group %s generated by version %d (its oldest token), read at %d: dropped (%s)",
                         delivery.identity, version - verdict.staleness, version, verdict.reason)
-        self.end(kind, version, [delivery.identity], [delivery], **row)
-
-    # -- where a group ends ---------------------------------------------------------------------------------
-
-    def end(self, kind: Kind, version: int, group_ids: list[str], acked: Sequence[Delivery] = (),
-            **row) -> None:
-        """The one place groups end (trained, dropped, filtered, dead-lettered): the consumed-log row (fsynced
-        first), the ack of `acked`, the metric, and the credits, released under one token per ending (a
-        trained step's after its push, by `release`)."""
-        self.consumed.append(kind, version, group_ids, **row)
-        self.recovery.retrain.difference_update(group_ids)
-        if acked:
-            self.consumer.ack(list(acked))
-        self.metrics.groups.labels(kind).inc(len(group_ids))
-        if kind is Kind.TRAINED:
-            self._unreleased = list(group_ids)
-        else:
-            self._free(kind, group_ids)
-
-    def _free(self, kind: Kind, group_ids: list[str]) -> None:
-        """Count the groups finished and free their credits, once per token (see `PromptCredits.release`): the
-        ending's kind, the lineage and its first group id, since each group ends once per lineage."""
-        if group_ids:
-            token = f"{kind}:{self.lineage}:{group_ids[0]}"
-            self.metrics.in_flight.set(self.feed.credits.release(len(group_ids), token,
-                                                                 finished_key=self._finished_key))
+        self.endings.end(kind, version, [delivery.identity], [delivery], **row)
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
@@ -241,22 +214,6 @@ class Inbox:
             return 0
         return self.feed.fill(version)
 
-    def _reap_dead_letters(self, version: int) -> None:
-        """Dead-lettered groups of this run will never arrive: they end, freeing their credits."""
-        cursor = self.client.get(self._dlq_cursor_key)
-        # redis-py's stub says bytes | str; without decode_responses GET returns bytes
-        entries = self.streams.dead_letters(count=1000, after=cursor)  # type: ignore[arg-type]
-        if not entries:
-            return
-        streams = {spec.name for spec, _ in FLOW}
-        lost = [d.identity for d in entries
-                if d.stream in streams and d.identity not in self.consumed.ids
-                and self.feed.enqueued(d.identity)]
-        lost = list(dict.fromkeys(lost))  # one group dead-lettered twice (two copies) ends once
-        if lost:
-            self.end(Kind.DEAD_LETTERED, version, lost)
-        self.client.set(self._dlq_cursor_key, entries[-1].entry_id)
-        self.metrics.dead_letters.set(self.client.xlen(self.streams.key(DEAD_LETTER)))
 
 def observe_queues(streams: RunStreams, metrics: InboxMetrics, in_flight: int) -> None:
     """Each stream's depth and consumer lag, and the groups in flight, into the metrics."""
@@ -265,22 +222,3 @@ def observe_queues(streams: RunStreams, metrics: InboxMetrics, in_flight: int) -
         metrics.queue_depth.labels(spec.name).set(s.length)
         metrics.queue_lag.labels(spec.name).set(s.lag)
     metrics.in_flight.set(in_flight)
-
-
-def trained_row(batch: StepBatch) -> dict:
-    """What a trained row records beyond the ids: each group's staleness, and its continued samples."""
-    row: dict = {"staleness": [s.staleness for s in batch.decisions]}
-    if continued := continued_of(batch):
-        row["continued"] = continued
-    return row
-
-
-def continued_of(batch: StepBatch) -> dict[str, list[int]]:
-    """Group id -> [samples continued from tokens sampled elsewhere, those tokens] for each group of `batch`
-    that has any (continuous generation after a hand-on or a save): what the audit counts as continued."""
-    out = {}
-    for d in batch.deliveries:
-        carried = [s.continued_from for s in d.message.samples if s.continued_from]
-        if carried:
-            out[d.identity] = [len(carried), sum(carried)]
-    return out

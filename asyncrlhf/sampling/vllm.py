@@ -147,7 +147,7 @@ def outlive_generator_never(llm: Any) -> None:
     watch it, say that a SIGKILL of this process would leave them running."""
     try:
         llm.collective_rpc("asyncrlhf_die_with", args=(os.getpid(),))
-    except Exception as err:  # noqa: BLE001 - the engine serves either way; the operator must know
+    except Exception as err:  # the engine serves either way; the operator must know
         log.warning("the vLLM engine's processes cannot watch this generator (%s): if it is killed, end "
                     "them yourself (`VLLM::EngineCore`, `VLLM::Worker`)", err)
 

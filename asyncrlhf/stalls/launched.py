@@ -1,14 +1,16 @@
 """What only `asyncrlhf up` sees, put to its stall monitor: which of the processes it runs do not answer
-/metrics, and which exited since they last answered (or never did), with why (`crashes`)."""
+/metrics, and which exited since they last answered (or never did), with why (`crashes`). The launcher's
+processes and its scrapes come in as the protocols below: the stall judgement sits below the launcher and
+its progress display (`asyncrlhf.progress` shows a `Stall`), and imports neither."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
 
-from asyncrlhf.progress import RunState
 from asyncrlhf.stalls.diagnosis import Stall
 from asyncrlhf.stalls.monitor import StallMonitor
+from asyncrlhf.stalls.waiting import Waiting
 from asyncrlhf.supervision import Restart
 
 
@@ -24,7 +26,18 @@ class Supervised(Protocol):
     def poll(self) -> int | None: ...
 
 
-def judge_stall(monitor: StallMonitor | None, state: RunState,
+class Scrapes(Protocol):
+    """The run as the launcher's scrapes of /metrics last saw it (`asyncrlhf.progress.RunState`)."""
+
+    waiting: dict[str, Waiting]  # what each service waits on, as it last said
+    answered_at: dict[str, float]  # when each service last answered
+
+    def stepless_s(self) -> float: ...
+
+    def silent_s(self, name: str, starting: bool = False) -> float | None: ...
+
+
+def judge_stall(monitor: StallMonitor | None, state: Scrapes,
                 services: Sequence[Supervised]) -> Stall | None:
     """The monitor's judgement, with what only the launcher sees: which processes run and answer, and which
     crashed since they last answered (restarting, or started again and not answering yet)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import operator
 import random
 
-from asyncrlhf.envs.toolcalls import ToolCall
+from asyncrlhf.chat_format import ToolCall
 
 OPS = ("+", "-", "*")
 APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}

@@ -10,8 +10,9 @@ collected and trained, and that thread releases the credits when the push comple
 recorded only after it): prompts are still enqueued only while the generators hold the learner's version, so
 the bound holds as with a synchronous push. Rank 0 does every bit of I/O
 (Redis, gRPC, HTTP, files); every rank runs the same `Trainer.train_step` on its share, and the same weight
-gathers, on its own thread, in the same order. On other nodes the first process answers health probes only
-(services/learner/follower.py).
+gathers, on its own thread, in the same order. What a rank does beside training is its `Duties`, chosen once
+by its rank: rank 0 leads (services/learner/lead.py), the others follow (services/learner/follower.py: the
+weight gathers, and health probes from the first process of each other node).
 """
 
 from __future__ import annotations
@@ -19,36 +20,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Protocol
 
-from asyncrlhf._proto.events_pb2 import (
-    EVENT_KIND_CHECKPOINT_SAVED,
-    EVENT_KIND_GROUPS_TRAINED,
-    EVENT_KIND_POLICY_VERSION,
-    EVENT_KIND_RUN_FINISHED,
-    Event,
-    EventKind,
-)
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
-from asyncrlhf.inbox.inbox import Inbox
 from asyncrlhf.inbox.strategy import StepBatch
 from asyncrlhf.learner import build_learner
-from asyncrlhf.metrics import make_app, write_final_metrics
 from asyncrlhf.model_sources import resolved_revision
-from asyncrlhf.registry import Registry
-from asyncrlhf.service import HttpServer, check_bind
-from asyncrlhf.stalls import Wait
-from asyncrlhf.streams import EVENTS, RunStreams, connect
-from asyncrlhf.trackers import open_trackers, step_scalars
 from asyncrlhf.training import checkpoint, engine
 from asyncrlhf.training.batch import TrainGroup
 from services.learner.broadcast import broadcast_groups
-from services.learner.follower import leads_a_follower_node, serve_follower_http
-from services.learner.metrics import LearnerMetrics, step_summary
-from services.learner.stalls import StallWatch
+from services.learner.follower import Follower
+from services.learner.lead import Lead
+from services.learner.metrics import LearnerMetrics
 from services.learner.sync import WeightPublisher
 
 log = logging.getLogger("asyncrlhf.learner")
@@ -64,44 +50,47 @@ def pin_revision(cfg: Config) -> Config:
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"revision": commit})})
 
 
+class Duties(Protocol):
+    """What a rank does beside training, at each point of the loop (`Lead` on rank 0, else `Follower`)."""
+
+    weights: WeightPublisher  # every rank joins the gathers of a publish; rank 0 pushes
+
+    def start(self) -> None: ...
+
+    def collect(self) -> StepBatch | None:
+        """The next step's groups on rank 0 (None: the run ends); None elsewhere (they come by broadcast)."""
+
+    def trained(self, batch: StepBatch | None, groups: list[TrainGroup], stats: dict, started: float,
+                publish: bool) -> None:
+        """After a training step; `publish`: whether this version is pushed (`learner.sync_every`)."""
+
+    def step_ended(self, stats: dict) -> None: ...
+
+    def await_push(self) -> float: ...
+
+    def checkpointing(self) -> None: ...
+
+    def checkpointed(self, path: Path) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class Learner:
     def __init__(self, cfg: Config, stop: threading.Event | None = None, resume: bool = True):
         parts = build_learner(pin_revision(cfg))
-        cfg = self.cfg = parts.cfg  # as in effect
+        self.cfg = parts.cfg  # as in effect
         self.rank, self.world, self.stop = parts.rank, parts.world, stop or threading.Event()
         self.tokenizer, self.objective, self.trainer = parts.tokenizer, parts.objective, parts.trainer
         self.policy, self.value = parts.models.policy, parts.models.value
-        if self.rank == 0:
-            log.info("deepspeed in effect: %s", engine.effective_settings(self.policy, cfg.learner))
         self.cores = CoreShare.from_env(f"learner-{self.rank}")  # asyncrlhf up on CPU: cores move
         if self.cores:  # to whichever phase computes, re-sized before each micro-batch
             self.policy.module.register_forward_pre_hook(self._adjust_threads)
         self.resumed = False
         self.state = self._resume() if resume else checkpoint.LearnerState()
         self.metrics = LearnerMetrics()
-        self.http: HttpServer | None = None
-        self.watch: StallWatch | None = None
-        registry = None
-        if self.rank == 0:
-            self.client = connect(cfg.redis)
-            streams = RunStreams(self.client, cfg.run.name, cfg.redis)
-            self.events = streams.producer(EVENTS)
-            registry = Registry(self.client, cfg.run.name, ttl_s=cfg.generator.registry_ttl_s)
-            # A new lineage begins here, before anything is pushed (see asyncrlhf.consumed).
-            self.inbox = Inbox(cfg, streams, parts.prompts, self.state, self.metrics, resumed=self.resumed)
-            self.trackers = open_trackers(cfg, "learner")
-            self.watch = StallWatch(cfg, self.metrics)
-            self._serve_http()
-        elif leads_a_follower_node(self.rank):
-            self.http = serve_follower_http(cfg, self.rank, self.world)
-        self.weights = WeightPublisher(cfg, self.policy, self.rank, registry, self.metrics)
-        self.weights.lineage = self.state.lineage
-        self.background = cfg.learner.background_publish and cfg.learner.staleness_mode == "bound"
-        if self.rank == 0 and cfg.learner.background_publish and not self.background:
-            log.info("learner.staleness_mode=%s: weights are published synchronously (a window closes at a "
-                     "push, so the step waits for it)", cfg.learner.staleness_mode)
-        self._waited = {"data": 0.0, "push": 0.0}  # this step's waits, seconds
-        self._step_ended = time.perf_counter()
+        self.duties: Duties = (Lead(parts, self.state, self.metrics, self.resumed, self.stop)
+                               if self.rank == 0 else Follower(parts, self.state, self.metrics))
+        self.weights = self.duties.weights
 
     def _adjust_threads(self, _module, _args) -> None:  # a pre-hook returning anything would replace args
         if self.cores:
@@ -120,24 +109,13 @@ class Learner:
                  state.lineage)
         return state
 
-    def _serve_http(self) -> None:
-        check_bind(self.cfg.learner.http_host, self.cfg, "learner HTTP")
-        app = make_app("learner", self.metrics.registry, ready=self._ready)
-        self.http = HttpServer(app, self.cfg.learner.http_host, self.cfg.learner.http_port).start()
-        log.info("learner HTTP on %s", self.http.url)
-
-    def _ready(self) -> tuple[bool, str]:
-        self.client.ping()
-        return True, f"version {self.state.version}"
-
     # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        if self.watch:
-            self.watch.start()
+        self.duties.start()
         self.weights.publish(self.state.version)
         while self.state.steps < self.cfg.learner.total_steps and not self.stop.is_set():
-            batch = self._collect() if self.rank == 0 else None
+            batch = self.duties.collect()
             groups = broadcast_groups(batch.groups() if batch else None, self.rank, self.world)
             if groups is None:
                 break
@@ -145,90 +123,15 @@ class Learner:
         self._finish()
         return 0
 
-    def _collect(self) -> StepBatch | None:
-        with self._waiting_for_data():
-            return self.inbox.collect(self.state.version, self.stop, self.weights.sync_late_generators)
-
-    @contextmanager
-    def _waiting_for_data(self) -> Iterator[None]:
-        """The block waits for scored groups: the wait state says so, and the step's data wait counts it."""
-        started = time.perf_counter()
-        try:
-            with self.metrics.waiting.waiting(Wait.SCORED_GROUPS):
-                yield
-        finally:
-            self._waited["data"] += time.perf_counter() - started
-
-    def _await_push(self) -> float:
-        """Wait for the background push in flight, which releases its step's credits (before the next step's
-        are held: one step's credits await a push at a time); the seconds waited."""
-        waited = self.weights.wait()
-        self._waited_on_push(waited)
-        return waited
-
-    def _waited_on_push(self, seconds: float) -> None:
-        self._waited["push"] += seconds
-        self.metrics.push_wait.inc(seconds)
-
     def _step(self, batch: StepBatch | None, groups: list[TrainGroup]) -> None:
         started = time.perf_counter()
         with self.cores.busy() if self.cores else nullcontext():
             stats = self.trainer.train_step(groups, step_seed=self.cfg.run.seed + self.state.version)
         self.state.version += 1
-        if self.watch:
-            self.watch.stepped()
         publish = self.state.steps % self.cfg.learner.sync_every == 0
-        if self.rank != 0:
-            if publish:  # the gathers only: rank 0 pushes
-                self.weights.publish(self.state.version)
-            self._maybe_checkpoint()
-            return
-        assert batch is not None, "rank 0 trains only a batch it collected"
-        waited = self._await_push()
-        self.inbox.trained(batch, self.state.version)
-        step_s = time.perf_counter() - started - waited  # the step's own time, as its histogram says
-        self.metrics.step_time.observe(step_s)
-        self.metrics.record_step(stats, groups, self.state.version)
-        self.metrics.record_batching(stats, batch.filtered, batch.capped)
-        lr = self.trainer.policy.get_lr()[0] if hasattr(self.trainer.policy, "get_lr") else None
-        self.trackers.log_scalars(step_scalars(stats, [g.decision.staleness for g in groups], step_s, lr),
-                                  step=self.state.version - 1)
-        self._publish(batch, publish)
-        ids = [g.message.group_id for g in groups]
-        self._emit(EVENT_KIND_GROUPS_TRAINED, group_ids=ids, values=stats)
+        self.duties.trained(batch, groups, stats, started, publish)
         self._maybe_checkpoint()
-        self._record_waits()
-        log.info("step %d version %d %s reward %.3f", self.state.steps, self.state.version,
-                 step_summary(stats), stats["reward_mean"])
-
-    def _publish(self, batch: StepBatch, publish: bool) -> None:
-        """Push the new version (unless `learner.sync_every` skips it) and release the step's credits: at once
-        after a synchronous push, before events and checkpoints (no generator waits); on the push's thread as
-        it completes after a background one."""
-        version = self.state.version
-        if not publish:
-            self.inbox.release(version)
-            return
-        with self._waiting_for_data():
-            self.inbox.settle(batch, version - 1, self.stop, self.weights.sync_late_generators)
-        if self.background:
-            self._waited_on_push(self.weights.publish(version, background=True,
-                                                      then=self.inbox.release_after_push(version)))
-        else:
-            self._waited_on_push(self.weights.publish(version))
-            self.inbox.release(version)
-
-    def _record_waits(self) -> None:
-        now = time.perf_counter()
-        self.metrics.record_waits(now - self._step_ended, self._waited["data"], self._waited["push"])
-        self._step_ended, self._waited = now, {"data": 0.0, "push": 0.0}
-
-    # -- events and checkpoints --------------------------------------------------------------------------
-
-    def _emit(self, kind: EventKind, **fields) -> None:
-        values = {k: float(v) for k, v in fields.pop("values", {}).items()}
-        self.events.add(Event(event_id=uuid.uuid4().hex, kind=kind, policy_version=self.state.version,
-                              timestamp=time.time(), source="learner", values=values, **fields))
+        self.duties.step_ended(stats)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         if not force and self.state.steps % self.cfg.learner.checkpoint_every != 0:
@@ -237,29 +140,13 @@ class Learner:
         hf_state = None
         if lc.deepspeed.zero_stage == 3:
             hf_state = engine.full_state_dict(self.policy.module, 3, lc.lora.enabled)
-        if self.rank == 0:  # from the learner's own records: a checkpoint needs no Redis (it may be down)
-            self.state.cursor, self.state.finished = self.inbox.known_cursor, self.inbox.known_finished
-            controller = getattr(self.objective, "kl_controller", None)
-            self.state.kl_coef = controller.value if controller else None
+        self.duties.checkpointing()
         path = checkpoint.save(self.cfg, self.policy, self.value, self.tokenizer, self.state, hf_state,
                                self.rank)
-        if self.rank == 0:
-            self._emit(EVENT_KIND_CHECKPOINT_SAVED, checkpoint_path=str(path.resolve()))
-            log.info("checkpoint %s", path)
+        self.duties.checkpointed(path)
 
     def _finish(self) -> None:
-        if self.rank == 0:  # the last version reaches the generators, and its step's credits are released
-            self._await_push()
+        self.duties.await_push()  # the last version reaches the generators, and its step's credits are freed
         if self.state.steps % self.cfg.learner.checkpoint_every != 0 or self.state.steps == 0:
             self._maybe_checkpoint(force=True)
-        if self.rank == 0:
-            if self.watch:
-                self.watch.stop()
-            done = self.state.steps >= self.cfg.learner.total_steps
-            self._emit(EVENT_KIND_RUN_FINISHED if done else EVENT_KIND_POLICY_VERSION)
-            self.inbox.replica_wait("the learner's last event")  # the evaluator stops on RUN_FINISHED
-            self.weights.close()
-            self.trackers.close()
-            write_final_metrics(self.metrics.registry, self.cfg.run.path, "learner")
-        if self.http:
-            self.http.stop()
+        self.duties.finish()

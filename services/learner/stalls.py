@@ -48,5 +48,5 @@ class StallWatch:
         while not self._stop.wait(CHECK_EVERY_S):
             try:
                 self.check()
-            except Exception:  # noqa: BLE001  (the watch must outlive whatever one check ran into)
+            except Exception:  # the watch must outlive whatever one check ran into
                 log.exception("stall watch: a check failed; trying again in %.0f s", CHECK_EVERY_S)

@@ -31,7 +31,7 @@ def test_a_restart_makes_groups_trained_after_the_checkpoint_trainable_again(tmp
     again.append(Kind.TRAINED, 3, ["g00000003"])
     assert again.trained_elsewhere() == set() and "g00000003" in again.ids
     rows = read_rows(tmp_path)
-    assert [r.get("lineage") for r in rows if r["kind"] == "trained"] == [1, 1, 2]
+    assert [r.get("lineage") for r in rows if r["kind"] is Kind.TRAINED] == [1, 1, 2]
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
@@ -48,7 +48,15 @@ def test_every_reader_reads_the_log_one_way_whatever_its_spacing(tmp_path):
     log.append(Kind.TRAINED, 2, ["g00000000"], staleness=[0])
     with log_path(tmp_path).open("a") as f:  # another writer's spacing, a blank line, a torn last line
         f.write('{"kind":"dropped","version":2,"group_ids":["g00000001"]}\n\n{"kind": "tra')
-    assert [r["kind"] for r in read_rows(tmp_path)] == ["lineage", "trained", "dropped"]
+    assert [r["kind"] for r in read_rows(tmp_path)] == [Kind.LINEAGE, Kind.TRAINED, Kind.DROPPED]
+    assert all(type(r["kind"]) is Kind for r in read_rows(tmp_path))  # typed as read, whoever wrote it
     assert [r["group_ids"] for r in rows_of(tmp_path, Kind.TRAINED, Kind.DROPPED)] == [["g00000000"],
                                                                                      ["g00000001"]]
     assert '"kind": "trained"' in log_path(tmp_path).read_text()  # a kind is written as its plain name
+
+
+def test_a_row_of_a_kind_this_version_does_not_know_names_its_line(tmp_path):
+    log_path(tmp_path).write_text('{"kind": "trained", "version": 1, "group_ids": []}\n'
+                                  '{"kind": "promoted", "version": 1, "group_ids": []}\n')
+    with pytest.raises(ValueError, match=r"consumed.jsonl:2: unknown row kind 'promoted' \(known: lineage, "):
+        read_rows(tmp_path)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from asyncrlhf.consumed import log_path
+from asyncrlhf.consumed import Kind, log_path
 from asyncrlhf.report import headline, load_results, load_staleness, main, write_report
 
 pytestmark = pytest.mark.unit
@@ -65,7 +65,7 @@ def test_results_sorted_by_version_last_row_wins(run_dir):
 def test_staleness_of_trained_groups_and_outcome_counts(run_dir):
     staleness, outcomes = load_staleness(run_dir)
     assert sorted(staleness) == [0, 1, 1, 1]
-    assert dict(outcomes) == {"trained": 4, "dropped": 1, "dead_lettered": 2}
+    assert dict(outcomes) == {Kind.TRAINED: 4, Kind.DROPPED: 1, Kind.DEAD_LETTERED: 2}
 
 
 def test_headline_first_and_last(run_dir):

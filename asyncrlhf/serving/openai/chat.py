@@ -2,7 +2,7 @@
 training loop's prompts are), sampled with the generator's current weights.
 
 With `tools`, the tools and any tool calls and results in the conversation are rendered, and the calls the
-model writes are parsed, by the code the training episodes use (`asyncrlhf.envs.toolcalls`): a choice
+model writes are parsed, by the code the training episodes use (`asyncrlhf.chat_format`): a choice
 whose text holds well-formed calls answers `tool_calls` (finish_reason "tool_calls"); one with a malformed
 call answers its text as content. `tool_choice` "required" or a named function writes the call's opening
 (`<tool_call>` and the name) after the prompt: the model writes the rest, and nothing is forced after it.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from fastapi import APIRouter
 
-from asyncrlhf.envs.toolcalls import ToolSpec, parse_tool_calls, render_chat
+from asyncrlhf.chat_format import ToolSpec, parse_tool_calls, render_chat
 from asyncrlhf.serving.openai.context import ApiContext, sse
 from asyncrlhf.serving.openai.engine import ApiSampler, Params, Sampled, text_pieces, usage
 from asyncrlhf.serving.openai.errors import OpenAIError

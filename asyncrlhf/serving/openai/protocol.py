@@ -166,7 +166,7 @@ class ChatRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                      description="With logprobs: the N most likely tokens at each step.")
     tools: list[ChatTool] | None = Field(None, description="Functions the model may call; the chat template "
-                                                           "renders them (asyncrlhf.envs.toolcalls).")
+                                                           "renders them (asyncrlhf.chat_format).")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="none: calls are not parsed; auto (the default with tools): parsed when the model "
                           "writes them; required / a named function: the call's opening is written for the "

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from asyncrlhf import metrics as names
+from asyncrlhf.consumed import Kind
 from asyncrlhf.training.checkpoint import step_dir
 from tests.e2e.reliability.bad_input import BAD_ENTRIES, inject_bad_entries
 from tests.e2e.reliability.cluster import Cluster
@@ -120,7 +121,7 @@ def stall_generator(c: Cluster) -> None:
         lambda: gen.metrics().get(names.GENERATOR_GROUPS_TOTAL, 0) > 0, "generator-0 to answer again"
     )
     max_staleness = c.cfg.learner.max_staleness
-    trained = [s for r in c.consumed() if r["kind"] == "trained" for s in r["staleness"]]
+    trained = [s for r in c.consumed() if r["kind"] == Kind.TRAINED for s in r["staleness"]]
     assert max(trained) <= max_staleness, f"trained a group {max(trained)} versions old"
     assert_audit(c)
 

@@ -14,7 +14,7 @@ from asyncrlhf.envs.base import EnvFailure
 from asyncrlhf.envs.loading import EnvConfigError, EnvFactory
 
 pytest.importorskip("websockets", reason="the websockets package (pip install 'asyncrlhf[envs]')")
-from tests.integration.envs import openenv_server  # noqa: E402 - uvicorn's WebSocket support needs it
+from tests.integration.envs import openenv_server
 
 pytestmark = pytest.mark.integration
 

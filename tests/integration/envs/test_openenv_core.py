@@ -12,15 +12,15 @@ import pytest
 
 pytest.importorskip("websockets", reason="the websockets package (pip install 'asyncrlhf[envs]')")
 pytest.importorskip("openenv.core.env_server.http_server", reason="openenv-core is not installed")
-import uvicorn  # noqa: E402
-from openenv.core.env_server.http_server import create_app  # noqa: E402
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+import uvicorn
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
 
-from asyncrlhf.config import EnvConfig  # noqa: E402
-from asyncrlhf.envs import base  # noqa: E402
-from asyncrlhf.envs.base import EnvFailure  # noqa: E402
-from asyncrlhf.envs.loading import EnvFactory  # noqa: E402
+from asyncrlhf.config import EnvConfig
+from asyncrlhf.envs import base
+from asyncrlhf.envs.base import EnvFailure
+from asyncrlhf.envs.loading import EnvFactory
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from asyncrlhf.chat_format import ToolCall
 from asyncrlhf.config import EnvConfig, load_config
 from asyncrlhf.envs import base
 from asyncrlhf.envs.loading import EnvConfigError, EnvFactory, calculator
 from asyncrlhf.envs.mcp_server import McpServer
-from asyncrlhf.envs.toolcalls import ToolCall
 
 pytestmark = pytest.mark.integration
 SERVER = [sys.executable, str(Path(__file__).with_name("lookup_server.py"))]

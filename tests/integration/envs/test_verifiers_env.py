@@ -9,12 +9,12 @@ import signal
 
 import pytest
 
+from asyncrlhf.chat_format import ToolCall
 from asyncrlhf.config import EnvConfig, load_config
 from asyncrlhf.envs import base
 from asyncrlhf.envs.base import EnvFailure
 from asyncrlhf.envs.episode import EpisodeLimits, EpisodeRunner
 from asyncrlhf.envs.loading import EnvConfigError, EnvFactory
-from asyncrlhf.envs.toolcalls import ToolCall
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling import create_backend
 from asyncrlhf.version import PolicyVersion

@@ -78,7 +78,7 @@ def test_a_push_that_completes_while_the_learner_trains_frees_the_next_prompts_a
                 applying.release()
             stats = train(groups, step_seed)
             learner.weights.wait()  # the push completed (the learner's next call would wait for it too)
-            enqueued[version] = learner.inbox.feed.cursor
+            enqueued[version] = learner.duties.inbox.feed.cursor
             if version < cfg.learner.total_steps:  # hold the next step's push until that step trains
                 applying.acquire()
             return stats

@@ -31,9 +31,9 @@ def test_filtered_groups_are_refilled_audited_and_the_staleness_bound_holds(tmp_
     # the bound holds with refills: trained groups at most max_staleness old, in flight within the credits
     assert max(s for r in trained for s in r["staleness"]) <= 1
     ended = sum(len(r["group_ids"]) for r in rows if r["kind"] in (Kind.TRAINED, Kind.FILTERED))
-    assert learner.inbox.feed.cursor - ended <= (1 + 1) * 3
+    assert learner.duties.inbox.feed.cursor - ended <= (1 + 1) * 3
     # every filtered group is accounted for by the audit
-    audit = audit_run(cfg, learner.client)
+    audit = audit_run(cfg, learner.duties.client)
     assert audit.ok and audit.filtered == sum(len(r["group_ids"]) for r in filtered)
     assert audit.lost == [] and audit.trained == 12
     count = learner.metrics.filtered.labels("zero_variance")._value.get()
@@ -48,4 +48,4 @@ def test_a_task_with_no_signal_reaches_the_refill_cap_and_still_steps(tmp_path, 
     assert len([r for r in rows if r["kind"] == Kind.TRAINED]) == 2  # never stalls
     assert learner.metrics.refill_capped._value.get() == 2
     assert sum(len(r["group_ids"]) for r in rows if r["kind"] == Kind.FILTERED) == 2 * 3  # cap: 1 x 3
-    assert audit_run(cfg, learner.client).ok
+    assert audit_run(cfg, learner.duties.client).ok

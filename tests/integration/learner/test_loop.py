@@ -75,8 +75,8 @@ def test_max_staleness_zero_equals_the_synchronous_algorithm(tmp_path, redis_url
 def test_in_flight_groups_never_exceed_the_bound(tmp_path, redis_url, run_name):
     cfg = learner_config(tmp_path, redis_url, run_name, "learner.max_staleness=1")
     learner, actor = run_learner(cfg, redis_url)
-    streams = RunStreams(learner.client, cfg.run.name)
-    enqueued = learner.inbox.feed.cursor
+    streams = RunStreams(learner.duties.client, cfg.run.name)
+    enqueued = learner.duties.inbox.feed.cursor
     trained = sum(len(r["group_ids"]) for r in consumed(cfg))
     assert enqueued - trained <= (1 + 1) * 3  # (max_staleness + 1) x groups_per_step
     assert max(s for r in consumed(cfg) if r["kind"] == Kind.TRAINED for s in r["staleness"]) <= 1

@@ -117,7 +117,7 @@ def test_sigkill_after_a_checkpoint_resumes_there_and_trains_no_group_twice(tmp_
         assert any(r["kind"] == Kind.REQUEUED and lost_updates <= set(r["group_ids"]) for r in rows)
     audit = audit_run(cfg, redis.Redis.from_url(redis_url))
     assert not audit.trained_twice and not audit.updates_lost and not audit.lost, format_audit(audit, "t")
-    assert [e["lineage"] for e in audit.lineages] == [1, 2] and audit.lineages[1]["from_version"] == 3
+    assert [e.lineage for e in audit.lineages] == [1, 2] and audit.lineages[1].from_version == 3
     versions = [r["version"] for r in rows if r["kind"] == Kind.TRAINED]
     assert versions[-1] == 7 and killed_at >= 3
     state = read_state(step_dir(cfg.run.path, 7))

@@ -54,8 +54,8 @@ def test_a_group_from_a_missed_push_is_dropped_once_and_replaced(tmp_path, redis
     assert [s for _, s, _ in steps] == [[0] * 3, [1] * 3, [1] * 3, [1] * 3, [1] * 3]
     assert all(version - g == 1 for version, _, gs in steps[1:] for g in gs)
     # its credit was released once, under the one token of a group's end: `<kind>:<lineage>:<group id>`
-    tokens = {k.decode().rsplit(":released:", 1)[1] for k in learner.client.scan_iter(match="*:released:*")
-              if run_name in k.decode()}
+    released = learner.duties.client.scan_iter(match="*:released:*")
+    tokens = {k.decode().rsplit(":released:", 1)[1] for k in released if run_name in k.decode()}
     assert "dropped:1:g00000004" in tokens and "dropped:g00000004" not in tokens, tokens
 
 

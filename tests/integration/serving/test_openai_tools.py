@@ -18,7 +18,7 @@ import openai
 import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
 
-from asyncrlhf.envs.toolcalls import ToolCall, ToolSpec, render_chat
+from asyncrlhf.chat_format import ToolCall, ToolSpec, render_chat
 from asyncrlhf.models import load_policy
 from asyncrlhf.serving.openai.chat import call_prefix
 from asyncrlhf.serving.openai.protocol import ChatRequest

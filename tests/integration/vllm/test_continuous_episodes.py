@@ -13,10 +13,10 @@ import pytest
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.audit import audit_run
+from asyncrlhf.chat_format import observation_text
 from asyncrlhf.envs.continuous import ContinuousEpisodes
 from asyncrlhf.envs.episode import EpisodeLimits, EpisodeRunner
 from asyncrlhf.envs.rollouts import episode_group
-from asyncrlhf.envs.toolcalls import observation_text
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate

@@ -10,10 +10,10 @@ import torch
 
 from asyncrlhf import algorithms as A
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
+from asyncrlhf.chat_format import observation_text
 from asyncrlhf.config import load_config
 from asyncrlhf.envs.episode import EpisodeLimits, EpisodeRunner
 from asyncrlhf.envs.rollouts import episode_group
-from asyncrlhf.envs.toolcalls import observation_text
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.sampling import Completion, create_backend
 from asyncrlhf.training.batch import TrainGroup, build_batch, validate_group

@@ -5,7 +5,7 @@ import pytest
 
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup, Sample
 from asyncrlhf.algorithms import StalenessDecision
-from asyncrlhf.inbox.inbox import continued_of
+from asyncrlhf.inbox.endings import continued_of
 from asyncrlhf.inbox.strategy import StepBatch
 from asyncrlhf.streams.consumer import Delivery
 

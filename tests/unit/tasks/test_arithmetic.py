@@ -2,9 +2,9 @@ import json
 
 import pytest
 
+from asyncrlhf.chat_format import parse_tool_calls
 from asyncrlhf.config import TaskConfig
 from asyncrlhf.envs.loading import calculator
-from asyncrlhf.envs.toolcalls import parse_tool_calls
 from asyncrlhf.tasks import load_task
 from asyncrlhf.tasks.arithmetic import expression_of
 from tools.gen_calculator_calls import SHIPPED, SHIPPED_ROWS, render

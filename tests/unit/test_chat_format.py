@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrlhf.envs.toolcalls import ToolCall, ToolSpec, observation_text, parse_tool_calls, render_chat
+from asyncrlhf.chat_format import ToolCall, ToolSpec, observation_text, parse_tool_calls, render_chat
 from asyncrlhf.models import build_tiny_tokenizer
 
 pytestmark = pytest.mark.unit

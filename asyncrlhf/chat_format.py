@@ -1,5 +1,7 @@
-"""Tool calls in a model's text, and tools and tool results in its chat template: one convention, shared by
-the episodes (`asyncrlhf.envs.episode`) and the OpenAI API (`/v1/chat/completions` with `tools`).
+"""The chat format: tool calls in a model's text, and tools and tool results in its chat template. One
+convention, shared by the episodes (`asyncrlhf.envs.episode`), the tasks that score tool calls
+(`asyncrlhf.tasks.arithmetic`) and the OpenAI API (`/v1/chat/completions` with `tools`); it imports nothing
+of the project, so each of them reaches down to it.
 
 The convention is the Hermes one that Qwen2.5/3, Hermes, and most Hugging Face chat templates with tool
 support use: the model writes each call as a JSON object `{"name": ..., "arguments": {...}}` inside
