@@ -20,7 +20,7 @@ def episode_of(tiny, env_cls) -> tuple[EpisodeRunner, Episode]:  # noqa: F811
     cfg, tokenizer, backend = tiny
     runner = EpisodeRunner(tokenizer, env_cls, LIMITS)
     ((episode,),) = runner.run([("hi", None)], 1, Recorder(cfg, backend))
-    assert episode.end == "done" and episode.turns == 3
+    assert str(episode.end) == "done" and episode.turns == 3
     return runner, episode
 
 
@@ -90,4 +90,4 @@ def test_an_ended_episode_is_carried_as_it_is(tiny):  # noqa: F811
     got = resumed.episode
     assert (got.token_ids, got.loss_mask, got.versions, got.turn_ends, got.turn_rewards) == (
         e.token_ids, e.loss_mask, e.versions, e.turn_ends, e.turn_rewards)
-    assert (got.reward, got.end, got.finish) == (1.0, "done", e.finish)
+    assert (got.reward, str(got.end), got.finish) == (1.0, "done", e.finish)
