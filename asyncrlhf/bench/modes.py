@@ -23,7 +23,8 @@ import torch
 
 from asyncrlhf.config import Config
 from asyncrlhf.models import encode_prompts, load_tokenizer
-from asyncrlhf.sampling.continuous import Completions, ContinuousSampler, GroupPrompt, Progress
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.tasks import load_task
 
 

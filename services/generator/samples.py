@@ -1,6 +1,6 @@
 """Single-turn samples: what a prompt group is without `task.env`, k completions of its prompt. In batch
 mode one backend call samples a batch (one per distinct k, usually just one); in continuous mode each sample
-is one engine sequence (`asyncrlhf.sampling.continuous.Completions`)."""
+is one engine sequence (`asyncrlhf.sampling.single_turn.Completions`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 from asyncrlhf._proto.rollout_pb2 import RolloutGroup
 from asyncrlhf.sampling import Completion
-from asyncrlhf.sampling.continuous import Completions, GroupRun
+from asyncrlhf.sampling.continuous import GroupRun
 from asyncrlhf.sampling.rollouts import rollout_group
+from asyncrlhf.sampling.single_turn import Completions
 from asyncrlhf.version import PolicyVersion
 from services.generator.loop import LoopContext, Work
 

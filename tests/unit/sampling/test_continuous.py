@@ -9,7 +9,8 @@ import pytest
 
 from asyncrlhf._proto.rollout_pb2 import Sample
 from asyncrlhf.config import SamplingConfig
-from asyncrlhf.sampling.continuous import Completions, ContinuousSampler, GroupPrompt, Progress, StepDelta
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt, StepDelta
+from asyncrlhf.sampling.single_turn import Completions, Progress
 
 pytestmark = pytest.mark.unit
 

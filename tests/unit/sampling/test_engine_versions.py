@@ -10,14 +10,8 @@ import pytest
 
 from asyncrlhf._proto.rollout_pb2 import Sample
 from asyncrlhf.config import SamplingConfig
-from asyncrlhf.sampling.continuous import (
-    Completions,
-    ContinuousSampler,
-    GroupPrompt,
-    Progress,
-    StepDelta,
-    with_engine_versions,
-)
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt, StepDelta, with_engine_versions
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.sampling.vllm_stepping import engine_versions
 
 pytestmark = pytest.mark.unit
