@@ -7,7 +7,7 @@ in the engine or on its environment; either way it holds a slot of `max_running_
     progress continued; one sampled by a newer version than this generator serves waits for it) -> one
     engine step (episodes: environment steps that returned put their next turns in first) -> XADD each
     ended RolloutGroup and XACK its prompt atomically -> save progress every `save_every_tokens` -> on stop:
-    every unfinished group back to the prompts stream with its progress
+    every unfinished group back to the prompts stream with its progress (the last two: `handover`)
 
 This thread is the only one that talks to the engine (`asyncrlhf.sampling.vllm_stepping`): a push's swap is
 queued to it by the gRPC thread and runs between two engine steps, so the version read before a step is the
@@ -24,12 +24,13 @@ from typing import Any
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup
 from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt, GroupRun, StepEngine
-from asyncrlhf.sampling.rollouts import carried, handed_on
+from asyncrlhf.sampling.rollouts import carried
 from asyncrlhf.sampling.version_wait import VersionWait, waits_for
 from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import Delivery
 from asyncrlhf.streams.consumer import Keeper
 from asyncrlhf.version import PolicyVersion
+from services.generator.handover import Handover
 from services.generator.loop import GroupKind, LoopContext, Work, model_tokens
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class ContinuousLoop:
             engine, kind.continuous(), g.sampling)
         self.capacity = g.max_running_samples or g.batch_prompts * g.samples_per_prompt
         self.keeper = Keeper(self.consumer, ctx.cfg.redis.claim_idle_ms)
+        self.handover = Handover(ctx, self.sampler)
         self.waiting: VersionWait[Work] = VersionWait()
         self._written_tokens = 0
 
@@ -112,7 +114,7 @@ class ContinuousLoop:
         if seconds > 0:
             self.metrics.tokens_per_second.set(tokens / seconds)
         written = self._emit(ended)
-        self._save_due()
+        self.handover.save_due()
         self._keep_held()
         return written
 
@@ -186,8 +188,7 @@ class ContinuousLoop:
         groups = [self.sampler.kind.rollout(run.tag.message, run, PolicyVersion(run.lineage, version),
                                             self.ctx.generator_id, now, self.ctx.decode) for run in runs]
         self.consumer.ack([run.tag for run in runs], groups, to=self.ctx.io.producer)
-        if self.ctx.io.partials:
-            self.ctx.io.partials.forget([run.group_id for run in runs])
+        self.handover.forget(runs)
         written = model_tokens(groups)
         self._written_tokens += written
         self.metrics.written_tokens.inc(written)
@@ -196,17 +197,6 @@ class ContinuousLoop:
             self.metrics.batch_seconds.observe(now - run.started_at)
         return len(groups)
 
-    def _save_due(self) -> None:
-        """Save the groups grown by `save_every_tokens` on any sample since their last save."""
-        every = self.ctx.cfg.generator.save_every_tokens
-        due = [run for run in self.sampler.groups
-               if max((len(s.token_ids) for s in run.samples), default=0) >= every
-               and run.tokens - run.saved_tokens >= every]
-        if due and self.ctx.io.partials:
-            self.ctx.io.partials.save([self._progress(run) for run in due])
-            for run in due:
-                run.saved_tokens = run.tokens
-
     def _keep_held(self) -> None:
         """Keep every group in flight, and every group waiting for a version, from being re-claimed as
         stalled."""
@@ -214,28 +204,6 @@ class ContinuousLoop:
         self.keeper.keep([run.tag for run in self.sampler.groups] + waiting)
 
     def hand_on(self) -> int:
-        """Stop sampling and put every unfinished group back on the prompts stream with its progress (one
-        atomic ack-and-add per group set), for another generator to continue. Returns groups handed on."""
-        runs, waiting = self.sampler.stop_all(), self.waiting.take_all()
-        if not runs and not waiting:
-            return 0
-        handon = self.ctx.io.handon
-        if handon is None:  # nowhere to hand them: they stay pending, re-claimed after claim_idle_ms
-            return 0
-        again = [self._progress(run) for run in runs]
-        for prompt in again:
-            prompt.handoffs += 1
-        tags = [run.tag for run in runs] + [w.item.delivery for w in waiting]
-        self.consumer.ack(tags, again + [w.prompt for w in waiting], to=handon)  # waiting: as they came
-        if self.ctx.io.partials:
-            self.ctx.io.partials.forget([run.group_id for run in runs])
-        tokens = sum(run.tokens for run in runs)
-        log.info("handed on %d groups with %d tokens sampled (and %d waiting for a version, as they came)",
-                 len(runs), tokens, len(waiting))
-        self.metrics.handed_on_samples.inc(sum(len(run.samples) for run in runs))
-        return len(runs) + len(waiting)
-
-    def _progress(self, run: Run) -> PromptGroup:
-        """The group with its samples' progress (an episode: its transcript), for another generator."""
-        partials = [self.sampler.kind.partial(s, self.ctx.decode) for s in run.samples]
-        return handed_on(run.tag.message, partials, run.lineage)
+        """Stop sampling and put every unfinished group back on the prompts stream with its progress, for
+        another generator to continue. Returns groups handed on."""
+        return self.handover.hand_on(self.sampler.stop_all(), self.waiting.take_all())
