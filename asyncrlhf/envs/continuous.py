@@ -108,6 +108,9 @@ class Episodes:
             if future in self._waiting:  # not dropped with its group since
                 self._returned(sampler, future)
 
+    def waiting(self) -> int:
+        return len(self._waiting)  # an episode not ended is in the engine or waits on one call here
+
     def settle(self, timeout_s: float) -> None:
         if self._waiting:
             wait(list(self._waiting), timeout=timeout_s, return_when=FIRST_COMPLETED)

@@ -161,6 +161,9 @@ class SampleKind(Protocol[S]):
     def poll(self, sampler: ContinuousSampler[Any, S]) -> None:
         """Before an engine step: work that returned from off the engine's thread goes on."""
 
+    def waiting(self) -> int:
+        """Samples waiting on work off the engine's thread (each running sample is in the engine or waits)."""
+
     def settle(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for work off the engine's thread to return (none in the engine)."""
 
@@ -193,7 +196,7 @@ class ContinuousSampler(Generic[T, S]):
     @property
     def running_samples(self) -> int:
         """Samples started and not ended: in the engine, or waiting off it (an episode's environment)."""
-        return sum(not s.ended for run in self._groups.values() for s in run.samples)
+        return len(self._sequences) + self.kind.waiting()
 
     @property
     def groups(self) -> list[GroupRun[T, S]]:

@@ -72,6 +72,9 @@ class Completions:
     def poll(self, sampler: ContinuousSampler[Any, Progress]) -> None:
         return None
 
+    def waiting(self) -> int:
+        return 0
+
     def settle(self, timeout_s: float) -> None:
         return None
 

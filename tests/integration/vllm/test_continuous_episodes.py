@@ -91,6 +91,8 @@ def run_all(sampler: ContinuousSampler, limit_s: float = 120) -> list:
         assert time.monotonic() < deadline, "the episodes did not end"
         sampler.settle(0.05)
         ended += sampler.step(1 + steps // VERSION_EVERY)
+        # every episode not ended is in the engine or waits on its environment: what fills the slots
+        assert sampler.running_samples == sum(not s.ended for run in sampler.groups for s in run.samples)
         steps += 1
     return ended
 

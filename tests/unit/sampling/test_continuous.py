@@ -67,6 +67,7 @@ def test_a_handed_on_group_goes_on_from_each_samples_progress_and_a_malformed_on
     assert sorted(engine.contexts.values()) == [[1, 2], [1, 2, 5, 6]]
     ended = []
     while s.running_samples:
+        assert s.running_samples == sum(not p.ended for p in run.samples)
         ended += s.step(4)
     assert ended == [run]
     continued, again = run.samples
