@@ -23,7 +23,8 @@ import torch
 
 from asyncrlhf.config import Config
 from asyncrlhf.models import encode_prompts, load_tokenizer
-from asyncrlhf.sampling.continuous import ContinuousSampler
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.tasks import load_task
 
 
@@ -51,7 +52,7 @@ def batch_pass(backend: Any, prompts: list[list[int]], cfg: Config) -> dict:
 def continuous_pass(engine: Any, prompts: list[list[int]], cfg: Config) -> dict:
     g = cfg.generator
     capacity = g.max_running_samples or g.batch_prompts * g.samples_per_prompt
-    sampler: ContinuousSampler[int] = ContinuousSampler(engine, g.sampling)
+    sampler: ContinuousSampler[int, Progress] = ContinuousSampler(engine, Completions(), g.sampling)
     lengths: list[int] = []
     queue = list(enumerate(prompts))
     running_per_step: list[int] = []
@@ -59,7 +60,7 @@ def continuous_pass(engine: Any, prompts: list[list[int]], cfg: Config) -> dict:
     while queue or sampler.running_samples:
         while queue and capacity - sampler.running_samples >= g.samples_per_prompt:
             i, ids = queue.pop(0)
-            sampler.start(i, f"p{i}", ids, g.samples_per_prompt, lineage=1)
+            sampler.start(i, f"p{i}", GroupPrompt(ids), g.samples_per_prompt, lineage=1)
         running_per_step.append(sampler.running_samples)
         for run in sampler.step(1):
             lengths += [len(s.token_ids) for s in run.samples]

@@ -17,7 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from enum import StrEnum
+from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 from asyncrlhf.chat_format import Message, ToolSpec
 
@@ -32,13 +33,61 @@ class Env(Protocol):
     def step(self, action: str) -> tuple[Observation, float, bool]: ...
 
 
-class EnvFailure(Exception):
-    """The environment raised, hung or returned something malformed: its episode ends with `reason`
-    ("error: ...", "timeout: ...", "malformed: ...")."""
+class EndKind(StrEnum):
+    """Why an episode ended: the environment said so (`done`), a limit (`max_turns`; `length`: the episode's
+    token budget or the model's context), or the environment failed (`error`, `timeout`, `malformed`)."""
 
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+    DONE = "done"
+    MAX_TURNS = "max_turns"
+    LENGTH = "length"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    MALFORMED = "malformed"
+
+
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """Why an episode ended, with what happened where the environment failed (`detail`). Its one text form,
+    what `Sample.episode_end` carries on the wire, is written by `str` ("kind", or "kind: detail") and read
+    back by `parse`."""
+
+    kind: EndKind
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+    @classmethod
+    def parse(cls, text: str) -> EpisodeEnd:
+        """The end `str` wrote as `text`. Raises ValueError for any other text (empty included: an episode
+        that has not ended has no end)."""
+        kind, _, detail = text.partition(": ")
+        try:
+            return cls(EndKind(kind), detail)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an episode's end: one of {', '.join(EndKind)}, with what "
+                             "happened after a colon") from None
+
+
+class EnvFailure(Exception):
+    """The environment raised, hung or returned something malformed: its episode ends with `end` (made by
+    `error`, `timeout` or `malformed`, with what happened)."""
+
+    def __init__(self, end: EpisodeEnd):
+        super().__init__(str(end))
+        self.end = end
+
+    @classmethod
+    def error(cls, detail: str) -> Self:
+        return cls(EpisodeEnd(EndKind.ERROR, detail))
+
+    @classmethod
+    def timeout(cls, detail: str) -> Self:
+        return cls(EpisodeEnd(EndKind.TIMEOUT, detail))
+
+    @classmethod
+    def malformed(cls, detail: str) -> Self:
+        return cls(EpisodeEnd(EndKind.MALFORMED, detail))
 
 
 @dataclass(frozen=True)
@@ -54,7 +103,7 @@ class StepResult:
 def tools_of(env: object) -> list[ToolSpec]:
     tools = getattr(env, "tools", None) or []
     if not all(isinstance(t, ToolSpec) for t in tools):
-        raise EnvFailure("malformed: the environment's `tools` must be ToolSpec objects")
+        raise EnvFailure.malformed("the environment's `tools` must be ToolSpec objects")
     return list(tools)
 
 
@@ -74,18 +123,18 @@ def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise EnvFailure(f"timeout: {what} ran past task.env.step_timeout_s={timeout_s:g}")
+        raise EnvFailure.timeout(f"{what} ran past task.env.step_timeout_s={timeout_s:g}")
     if "error" in box:
         err = box["error"]
         if isinstance(err, EnvFailure):  # an adapter's own account (the verifiers and OpenEnv ones)
             raise err
-        raise EnvFailure(f"error: {what} raised {type(err).__name__}: {err}")
+        raise EnvFailure.error(f"{what} raised {type(err).__name__}: {err}")
     return box["value"]
 
 
 def as_messages(observation: object, what: str, roles: tuple[str, ...] = ("user", "tool", "system")
                 ) -> list[Message]:
-    """An observation as chat messages; EnvFailure("malformed: ...") when it is neither a string nor a
+    """An observation as chat messages; `EnvFailure.malformed` when it is neither a string nor a
     list of {role, content} dicts with string content (the first observation may hold assistant messages:
     few-shot examples)."""
     if isinstance(observation, str):
@@ -99,7 +148,7 @@ def as_messages(observation: object, what: str, roles: tuple[str, ...] = ("user"
 
 
 def _malformed(reason: str):
-    raise EnvFailure(f"malformed: {reason}")
+    raise EnvFailure.malformed(reason)
 
 
 def reset(env: Env, prompt: str, reference: str | None, timeout_s: float) -> list[Message]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from asyncrlhf.chat_format import Message, ToolSpec, observation_text, render_chat
 from asyncrlhf.config import Config
 from asyncrlhf.envs import base
-from asyncrlhf.envs.base import Env, EnvFailure, StepResult
+from asyncrlhf.envs.base import EndKind, Env, EnvFailure, EpisodeEnd, StepResult
 from asyncrlhf.sampling.backend import Completion, Finish
 
 MAX_PARALLEL_STEPS = 64  # environment steps of one turn run at once, on threads
@@ -68,7 +68,7 @@ class Episode:
     turn_ends: list[int] = field(default_factory=list)  # one past each ended model turn's last token
     turn_rewards: list[float] = field(default_factory=list)  # each step's reward (their sum: `reward`)
     reward: float = 0.0
-    end: str = ""  # empty while it runs
+    end: EpisodeEnd | None = None  # None while it runs
     finish: Finish = "length"
     step_seconds: list[float] = field(default_factory=list)
     tool_calls: dict[str, int] = field(default_factory=dict)
@@ -112,7 +112,7 @@ class EpisodeRunner:
         groups = [[self.start(text, reference) for _ in range(n)]
                   for (text, reference), n in zip(prompts, ks, strict=True)]
         episodes = [e for group in groups for e in group]
-        while running := [e for e in episodes if not e.end]:
+        while running := [e for e in episodes if e.end is None]:
             room = [self.room(e) for e in running]
             budget = max(room)
             completions, version = sample([e.prompt_ids + e.token_ids for e in running], budget)
@@ -132,10 +132,10 @@ class EpisodeRunner:
             episode.tools = base.tools_of(env)
             first = base.reset(env, prompt, reference, self.limits.step_timeout_s)
         except EnvFailure as err:
-            first, episode.end = [{"role": "user", "content": prompt}], err.reason
+            first, episode.end = [{"role": "user", "content": prompt}], err.end
         episode.prompt_ids = opening_ids(self.tokenizer, first, episode.tools, self.system_prompt)
-        if not episode.end and self.room(episode) <= 0:
-            episode.end = "length"
+        if episode.end is None and self.room(episode) <= 0:
+            episode.end = EpisodeEnd(EndKind.LENGTH)
         return episode
 
     def room(self, e: Episode) -> int:
@@ -165,7 +165,7 @@ class EpisodeRunner:
         """The step's outcome into the episode, after the turn that ended with `finish`: its reward, and the
         end of the episode or the observation the next turn follows."""
         if isinstance(result, EnvFailure):
-            episode.end, episode.finish = result.reason, finish
+            episode.end, episode.finish = result.end, finish
             return
         episode.step_seconds.append(result.seconds)
         episode.reward += result.reward
@@ -175,9 +175,9 @@ class EpisodeRunner:
         for name, n in result.tool_errors.items():
             episode.tool_errors[name] = episode.tool_errors.get(name, 0) + n
         if result.done:
-            episode.end, episode.finish = "done", "stop"
+            episode.end, episode.finish = EpisodeEnd(EndKind.DONE), "stop"
         elif episode.turns >= self.limits.max_turns:
-            episode.end, episode.finish = "max_turns", finish
+            episode.end, episode.finish = EpisodeEnd(EndKind.MAX_TURNS), finish
         else:
             self._observe(episode, finish, result.messages)
 
@@ -188,13 +188,13 @@ class EpisodeRunner:
         try:
             ids = closing + self._ids(observation_text(self.tokenizer, messages, episode.tools))
         except ValueError as err:
-            episode.end = f"malformed: {err}"
+            episode.end = EpisodeEnd(EndKind.MALFORMED, str(err))
             return
         used = len(episode.prompt_ids) + len(episode.token_ids) + len(ids)
         left = min(self.limits.max_episode_tokens - used + len(episode.prompt_ids),
                    self.limits.max_positions - used)
         if left <= 0:  # no room for a model turn after it: the observation is not appended
-            episode.end, episode.finish = "length", "length"
+            episode.end, episode.finish = EpisodeEnd(EndKind.LENGTH), "length"
             return
         episode.append(ids, [0.0] * len(ids), episode.versions[-1], model=False)
 

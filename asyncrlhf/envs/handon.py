@@ -18,12 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, Sample
-from asyncrlhf.envs.base import EnvFailure
+from asyncrlhf.envs.base import EnvFailure, EpisodeEnd
 from asyncrlhf.envs.episode import Episode, EpisodeRunner
 from asyncrlhf.sampling.backend import Finish
-from asyncrlhf.sampling.rollouts import FINISH
-
-_FINISH_OF: dict[int, Finish] = {v: k for k, v in FINISH.items()}  # type: ignore[misc]
+from asyncrlhf.sampling.rollouts import FINISH, FINISH_OF
 
 
 @dataclass
@@ -53,7 +51,7 @@ def partial_sample(episode: Episode | None, turn: Turn) -> Sample:
     an episode whose environment had not opened yet: it starts again)."""
     if episode is None:
         return Sample()
-    ended = bool(episode.end)
+    ended = episode.end is not None
     out = Sample(completion_token_ids=episode.token_ids + ([] if ended else turn.token_ids),
                  logprobs=episode.logprobs + ([] if ended else turn.logprobs),
                  token_versions=episode.versions + ([] if ended else turn.versions),
@@ -62,7 +60,7 @@ def partial_sample(episode: Episode | None, turn: Turn) -> Sample:
                  episode_context_ids=episode.prompt_ids, continued_from=episode.continued_from,
                  finish_reason=FINISH[episode.finish] if ended else FinishReason.FINISH_REASON_UNSPECIFIED)
     if ended:
-        out.env_reward, out.episode_end = episode.reward, episode.end
+        out.env_reward, out.episode_end = episode.reward, str(episode.end)
     return out
 
 
@@ -74,9 +72,9 @@ def resume(runner: EpisodeRunner, sample: Sample, prompt: str, reference: str | 
     if not sample.episode_context_ids or not len(ids) == len(mask) == len(logps) == len(versions):
         return None
     if sample.finish_reason != FinishReason.FINISH_REASON_UNSPECIFIED:
-        return Resumed(_ended(sample, ids, mask, logps, versions))
+        return _ended(sample, ids, mask, logps, versions)
     episode = runner.start(prompt, reference)
-    if episode.end or episode.prompt_ids != list(sample.episode_context_ids):
+    if episode.end is not None or episode.prompt_ids != list(sample.episode_context_ids):
         return None
     ends, rewards = list(sample.turn_ends), list(sample.turn_rewards)
     pos = 0
@@ -101,7 +99,7 @@ def resume(runner: EpisodeRunner, sample: Sample, prompt: str, reference: str | 
         finish: Finish = "length" if closed else "stop"
         runner.after_step(episode, finish, result)
         pos = len(episode.token_ids)
-        if episode.end or episode.token_ids != ids[:pos]:
+        if episode.end is not None or episode.token_ids != ids[:pos]:
             return None
         episode.versions[end:pos] = versions[end:pos]  # as recorded (the ids are checked equal)
     if not all(mask[pos:]) or len(rewards) != len(ends):
@@ -111,9 +109,14 @@ def resume(runner: EpisodeRunner, sample: Sample, prompt: str, reference: str | 
 
 
 def _ended(sample: Sample, ids: list[int], mask: list[int], logps: list[float],
-           versions: list[int]) -> Episode:
-    return Episode(env=None, prompt_ids=list(sample.episode_context_ids), token_ids=ids, logprobs=logps,
-                   versions=versions, loss_mask=mask, turns=sample.turns, turn_ends=list(sample.turn_ends),
-                   turn_rewards=list(sample.turn_rewards), reward=sample.env_reward, end=sample.episode_end,
-                   finish=_FINISH_OF.get(sample.finish_reason, "length"),
-                   continued_from=sample.continued_from)
+           versions: list[int]) -> Resumed | None:
+    """The ended episode `sample` carried as it is (None when its end is not one an episode has)."""
+    try:
+        end = EpisodeEnd.parse(sample.episode_end)
+    except ValueError:
+        return None
+    return Resumed(Episode(
+        env=None, prompt_ids=list(sample.episode_context_ids), token_ids=ids, logprobs=logps,
+        versions=versions, loss_mask=mask, turns=sample.turns, turn_ends=list(sample.turn_ends),
+        turn_rewards=list(sample.turn_rewards), reward=sample.env_reward, end=end,
+        finish=FINISH_OF.get(sample.finish_reason, "length"), continued_from=sample.continued_from))

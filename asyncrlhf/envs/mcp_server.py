@@ -119,7 +119,7 @@ class McpServer:
             if self._session is None and time.monotonic() - self._down_since >= self.RESTART_EVERY_S:
                 self._restart()
             if self._session is None:
-                raise McpServerDown(f"error: the MCP server `{self.name}` is down "
+                raise McpServerDown.error(f"the MCP server `{self.name}` is down "
                                     f"({self._why_down}); this episode ends")
             return self._session
 
@@ -132,7 +132,7 @@ class McpServer:
                 log.warning("the MCP server `%s` %s; starting it again", self.name, self._why_down)
                 self._restart()
             outcome = "started again" if self._session is not None else f"not started again: {self._why_down}"
-        raise McpServerDown(f"error: the MCP server `{self.name}` stopped answering ({why}); "
+        raise McpServerDown.error(f"the MCP server `{self.name}` stopped answering ({why}); "
                             f"{outcome}; this episode ends")
 
     def _restart(self) -> None:

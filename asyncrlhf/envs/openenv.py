@@ -81,7 +81,7 @@ class OpenEnvEpisode:
         try:
             self._conn = connect(url, open_timeout=self.spec.timeout_s, max_size=MAX_MESSAGE_BYTES)
         except Exception as err:  # refused, handshake failed, timed out: this episode's end
-            raise EnvFailure(f"error: cannot open a session at {url}: {type(err).__name__}: {err}") from None
+            raise EnvFailure.error(f"cannot open a session at {url}: {type(err).__name__}: {err}") from None
         self._finalizer = weakref.finalize(self, _close, self._conn)
         data = {**self.spec.reset_args, "prompt": prompt}
         if reference is not None:
@@ -91,7 +91,7 @@ class OpenEnvEpisode:
 
     def step(self, action: str) -> tuple[str, float, bool]:
         if self._conn is None:
-            raise EnvFailure("error: step before reset")
+            raise EnvFailure.error("step before reset")
         message = {"type": "step", "data": {self.spec.action_field: action}}
         text, reward, done = self._exchange(message, "step")
         if done:
@@ -104,11 +104,11 @@ class OpenEnvEpisode:
             raw = self._conn.recv(timeout=self.spec.timeout_s)
         except TimeoutError:
             self.close()
-            raise EnvFailure(f"timeout: the OpenEnv server's {what} ran past task.env.step_timeout_s="
+            raise EnvFailure.timeout(f"the OpenEnv server's {what} ran past task.env.step_timeout_s="
                              f"{self.spec.timeout_s:g}") from None
         except Exception as err:  # the session closed or broke
             self.close()
-            raise EnvFailure(f"error: the OpenEnv session broke in {what}: {type(err).__name__}: "
+            raise EnvFailure.error(f"the OpenEnv session broke in {what}: {type(err).__name__}: "
                              f"{err}") from None
         try:
             return self._parse(raw, what)
@@ -120,21 +120,21 @@ class OpenEnvEpisode:
         try:
             reply = json.loads(raw)
         except ValueError:
-            raise EnvFailure(f"malformed: the OpenEnv server answered {what} with {str(raw)[:60]!r}, not "
+            raise EnvFailure.malformed(f"the OpenEnv server answered {what} with {str(raw)[:60]!r}, not "
                              "JSON") from None
         kind, data = (reply.get("type"), reply.get("data")) if isinstance(reply, dict) else (None, None)
         if kind == "error" and isinstance(data, dict):
-            raise EnvFailure(f"error: the OpenEnv server's {what} failed: {data.get('message')} "
+            raise EnvFailure.error(f"the OpenEnv server's {what} failed: {data.get('message')} "
                              f"({data.get('code')})")
         observation = data.get("observation") if isinstance(data, dict) else None
         if kind != "observation" or not isinstance(observation, dict):
-            raise EnvFailure(f"malformed: the OpenEnv server answered {what} with {str(reply)[:80]!r}; "
+            raise EnvFailure.malformed(f"the OpenEnv server answered {what} with {str(reply)[:80]!r}; "
                              "expected {type: observation, data: {observation: {...}, reward, done}}")
         reward, done = reply["data"].get("reward"), reply["data"].get("done", False)
         if reward is None:
             reward = 0.0
         if not isinstance(reward, int | float) or reward != reward or not isinstance(done, bool):
-            raise EnvFailure(f"malformed: the OpenEnv server's {what} gave reward {reward!r}, done "
+            raise EnvFailure.malformed(f"the OpenEnv server's {what} gave reward {reward!r}, done "
                              f"{done!r}; expected a number and a boolean")
         return self._text(observation, what), float(reward), done
 
@@ -142,7 +142,7 @@ class OpenEnvEpisode:
         name = self.spec.observation_field
         if name is not None:
             if name not in observation:
-                raise EnvFailure(f"malformed: the OpenEnv {what} observation has no field `{name}` "
+                raise EnvFailure.malformed(f"the OpenEnv {what} observation has no field `{name}` "
                                  f"(task.env.observation_field); it has {sorted(observation)}")
             value = observation[name]
             return value if isinstance(value, str) else json.dumps(value)

@@ -46,5 +46,6 @@ def episode_group(prompt: PromptGroup, episodes: Sequence[Episode], version: Pol
         sample.turns = e.turns
         sample.turn_ends[:] = [end + len(mask) - len(e.loss_mask) for end in e.turn_ends]
         sample.turn_rewards[:] = e.turn_rewards
-        sample.episode_end = e.end
+        assert e.end is not None, "only ended episodes are written"
+        sample.episode_end = str(e.end)
     return group

@@ -188,7 +188,7 @@ class VerifiersEpisode:
         self._bridge.start(env, rollout_input)
         kind, value = self._next("reset")
         if kind != "turn":
-            raise EnvFailure("error: the verifiers rollout ended before the model's first turn"
+            raise EnvFailure.error("the verifiers rollout ended before the model's first turn"
                              + _stopped(value))
         self._context = value
         return value
@@ -214,7 +214,7 @@ class VerifiersEpisode:
             return [], _reward(value, allow_error=False), True
         known = len(self._context) + 1
         if value[: len(self._context)] != self._context or len(value) < known:
-            raise EnvFailure("malformed: the verifiers environment rewrote the conversation (episodes "
+            raise EnvFailure.malformed("the verifiers environment rewrote the conversation (episodes "
                              "append to the sampled tokens; a rollout's prompt must extend the last one)")
         self._context = list(value)
         return as_messages(value[known:], "the verifiers environment's response"), 0.0, False
@@ -224,10 +224,10 @@ class VerifiersEpisode:
             kind, value = self._bridge.asks.get(timeout=self.timeout_s)
         except queue.Empty:
             _cancel(self._bridge)
-            raise EnvFailure(f"timeout: the verifiers rollout's {what} ran past "
+            raise EnvFailure.timeout(f"the verifiers rollout's {what} ran past "
                              f"task.env.step_timeout_s={self.timeout_s:g}") from None
         if kind == "error":
-            raise EnvFailure(f"error: the verifiers rollout raised {type(value).__name__}: {value}")
+            raise EnvFailure.error(f"the verifiers rollout raised {type(value).__name__}: {value}")
         return kind, value
 
     def _count(self, action: str) -> None:
@@ -258,10 +258,10 @@ def _reward(state: Any, allow_error: bool = True) -> float:
     said nothing, or because task.env.max_turns was reached, is scored."""
     error = state.get("error")
     if error is not None and not allow_error and not _models_fault(error):
-        raise EnvFailure(f"error: the verifiers environment stopped on {type(error).__name__}: {error}")
+        raise EnvFailure.error(f"the verifiers environment stopped on {type(error).__name__}: {error}")
     reward = state.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
-        raise EnvFailure(f"malformed: the verifiers rubric gave the reward {reward!r}; expected a number")
+        raise EnvFailure.malformed(f"the verifiers rubric gave the reward {reward!r}; expected a number")
     return float(reward)
 
 

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 
 from asyncrlhf._proto.rollout_pb2 import FinishReason, PromptGroup, RolloutGroup, Sample
 from asyncrlhf.sampling.backend import Completion, Finish
-from asyncrlhf.sampling.continuous import Progress
 from asyncrlhf.version import PolicyVersion
 
-FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH}
-_FINISH_OF: dict[int, Finish] = {v: k for k, v in FINISH.items()}  # type: ignore[misc]
+FINISH: dict[Finish, FinishReason] = {"stop": FinishReason.FINISH_REASON_STOP,
+                                      "length": FinishReason.FINISH_REASON_LENGTH}
+FINISH_OF: dict[FinishReason, Finish] = {v: k for k, v in FINISH.items()}
 
 
 def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], version: PolicyVersion,
@@ -29,29 +29,18 @@ def rollout_group(prompt: PromptGroup, completions: Sequence[Completion], versio
                         generated_at=generated_at, lineage=version.lineage)
 
 
-def handed_on(prompt: PromptGroup, samples: Sequence[Progress], lineage: int,
-              decode: Callable[[list[int]], str]) -> PromptGroup:
-    """The prompt group again, carrying its samples' progress, for another generator to continue."""
+def handed_on(prompt: PromptGroup, partials: Sequence[Sample], lineage: int) -> PromptGroup:
+    """The prompt group again, carrying its samples' progress (`partials`, sampled under weights of
+    `lineage`), for another generator to continue."""
     out = PromptGroup()
     out.CopyFrom(prompt)
     del out.partial_samples[:]
-    out.partial_samples.extend(
-        Sample(completion_token_ids=s.token_ids, logprobs=s.logprobs, token_versions=s.versions,
-               finish_reason=FINISH[s.finish] if s.finish else FinishReason.FINISH_REASON_UNSPECIFIED,
-               text=decode(s.token_ids), continued_from=s.continued_from) for s in samples)
+    out.partial_samples.extend(partials)
     out.partial_lineage = lineage
     return out
 
 
-def progress_of(prompt: PromptGroup, lineage: int) -> list[Progress]:
-    """The samples a group carries (`partial_samples`) as progress to continue under weights of `lineage`:
-    none when they come from another lineage, or are malformed (their tokens are sampled again)."""
-    if prompt.partial_lineage != lineage:
-        return []
-    out = []
-    for s in prompt.partial_samples:
-        ids, logps, versions = list(s.completion_token_ids), list(s.logprobs), list(s.token_versions)
-        if len(logps) != len(ids) or len(versions) != len(ids):
-            return []
-        out.append(Progress(ids, logps, versions, _FINISH_OF.get(s.finish_reason), s.continued_from))
-    return out
+def carried(prompt: PromptGroup, lineage: int) -> list[Sample]:
+    """The samples a group carries (`partial_samples`) to continue under weights of `lineage`: none when
+    they come from another lineage (they are sampled again from the prompt)."""
+    return list(prompt.partial_samples) if prompt.partial_lineage == lineage else []

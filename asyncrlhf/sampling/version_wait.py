@@ -28,7 +28,7 @@ T = TypeVar("T")
 def waits_for(prompt: PromptGroup, served: PolicyVersion) -> int | None:
     """The version a generator serving `served` must reach before it continues `prompt`'s partial samples, or
     None when it can start the group now: no unfinished partial sample, or one of another lineage (its tokens
-    are sampled again from the prompt, `progress_of`), or none newer than `served`. Ended samples gain no
+    are sampled again from the prompt, `carried`), or none newer than `served`. Ended samples gain no
     tokens, so only the unfinished ones' versions count."""
     if prompt.partial_lineage != served.lineage:
         return None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from asyncrlhf.config import Config
+from asyncrlhf.envs.base import EndKind
 from asyncrlhf.envs.episode import Episode, EpisodeRunner, episode_limits
 from asyncrlhf.envs.loading import EnvFactory
 from asyncrlhf.sampling.backend import Completion
@@ -56,7 +57,7 @@ class HeldOutEpisodes:
     def answer(self, episode: Episode) -> str:
         """The episode's last model turn (the tokens after its last environment token), when the environment
         ended the episode on it; else empty."""
-        if episode.end != "done":
+        if episode.end is None or episode.end.kind is not EndKind.DONE:
             return ""
         mask = episode.loss_mask
         start = len(mask) - mask[::-1].index(0) if 0 in mask else 0

@@ -1,4 +1,12 @@
-"""The generation loop: prompt groups in, one RolloutGroup per prompt out, weights swapped between batches.
+"""The generation loops' common ground, and the batch loop.
+
+A loop reads prompt groups and writes one RolloutGroup per prompt. What a group is, is a `GroupKind`: k
+single-turn samples (`services.generator.samples.SingleTurn`) or k episodes
+(`services.generator.episodes.EpisodeGroups`). How the loop runs is batch mode (`BatchLoop`, here) or
+continuous mode (`services.generator.continuous.ContinuousLoop`); both are given a `LoopContext`, and take
+the steps every loop takes (admission, the wait for the first push, the pending gauge) from it.
+
+Batch mode:
 
     read <= batch_prompts PromptGroups (consumer group `generators`) -> sample k each under the gate
     -> XADD the RolloutGroups and XACK the prompts in one atomic step
@@ -12,19 +20,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from itertools import groupby
+from typing import Any, NamedTuple, Protocol
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config
 from asyncrlhf.cores import CoreShare
-from asyncrlhf.sampling import Completion
-from asyncrlhf.sampling.rollouts import rollout_group
+from asyncrlhf.sampling.continuous import GroupRun, SampleKind
 from asyncrlhf.stalls import Wait
 from asyncrlhf.streams import Consumer, Delivery, PartialStore, Producer
-from asyncrlhf.version import PolicyVersion
 from services.generator.server import WeightSwap
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,18 @@ def prompt_token_ids(prompt: PromptGroup, tokenizer, max_prompt_tokens: int) -> 
     return ids
 
 
-Work = tuple[Delivery[PromptGroup], list[int], int]  # a group to sample: its delivery, prompt ids and k
+class Work(NamedTuple):
+    """A group admitted to be sampled: its delivery, its prompt's ids and its k."""
+
+    delivery: Delivery[PromptGroup]
+    ids: list[int]
+    k: int
+
+
+def model_tokens(groups: Sequence[RolloutGroup]) -> int:
+    """The model's tokens in `groups` (an episode's environment tokens, loss mask 0, are not sampled)."""
+    return sum(sum(s.loss_mask) if s.loss_mask else len(s.completion_token_ids)
+               for g in groups for s in g.samples)
 
 
 @dataclass(frozen=True)
@@ -67,54 +84,60 @@ class PromptIO:
     partials: PartialStore | None = None
 
 
-class GeneratorLoop:
+class GroupKind(Protocol):
+    """What a prompt group is to this generator: k single-turn samples or k episodes. Batch mode calls
+    `generate`; continuous mode runs the library's kind (`continuous`) in its sampler and `observe`s the
+    groups it writes."""
+
+    noun: str  # what a group's k are, as the logs say it: "samples" or "episodes"
+
+    def generate(self, work: list[Work]) -> list[RolloutGroup]:
+        """Batch mode: each admitted group sampled, as the rollouts stream carries it (in `work`'s order).
+        Raises when the backend fails (the loop retries the groups)."""
+
+    def continuous(self) -> SampleKind[Any]:
+        """Continuous mode: what one of a group's samples is, for the continuous sampler."""
+
+    def observe(self, runs: Sequence[GroupRun[Any, Any]]) -> None:
+        """Continuous mode: the metrics of groups about to be written."""
+
+    def close(self) -> None:
+        """Release what the kind holds beyond the service (episodes: their environments)."""
+
+
+class Loop(Protocol):
+    def run(self, stop: threading.Event) -> None:
+        """Step until `stop` is set."""
+
+    def step(self) -> int:
+        """One round; the groups written."""
+
+    def close(self) -> None:
+        """Release what the loop holds beyond the service."""
+
+
+class LoopContext:
+    """What every loop is given (config, weights, streams, tokenizer, its id, this host's cores) and the steps
+    every loop takes alike with it."""
+
     def __init__(self, cfg: Config, swap: WeightSwap, io: PromptIO, tokenizer, generator_id: str,
                  cores: CoreShare | None = None):
         """`swap`: the backend, its gate and metrics, and the version the weights are (`swap.served`)."""
-        self.cfg, self.swap, self.tokenizer = cfg, swap, tokenizer
+        self.cfg, self.swap, self.io, self.tokenizer = cfg, swap, io, tokenizer
         self.backend, self.gate, self.metrics = swap.backend, swap.gate, swap.metrics
-        self.consumer, self.producer, self.pending = io.consumer, io.producer, io.pending
         self.generator_id = generator_id
-        self._next_pending_check = 0.0
         self.cores = cores  # this host's shared cores (asyncrlhf up on CPU), or fixed threads
+        self._next_pending_check = 0.0
 
-    def run(self, stop: threading.Event) -> None:
-        """Step until `stop` is set; the batch in progress finishes first."""
-        while not stop.is_set():
-            self.step()
+    def busy(self) -> AbstractContextManager[Any]:
+        """Hold this host's shared cores while computing (no-op with fixed threads)."""
+        return self.cores.busy() if self.cores else nullcontext()
 
-    def close(self) -> None:
-        """Release what the loop holds beyond the service (episode loops: their environments)."""
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def step(self) -> int:
-        """One read-generate-write round; returns the groups written (0 when idle)."""
-        self._update_pending()
-        start = time.monotonic()
-        if self._no_weights_yet():
-            return 0
-        deliveries = self.consumer.read(self.cfg.generator.batch_prompts)
-        if not deliveries:
-            self.metrics.waiting.wait(Wait.PROMPTS)
-            self.metrics.idle_seconds.inc(time.monotonic() - start)
-            return 0
-        self.metrics.waiting.work()
-        return self._generate(deliveries)
-
-    def _no_weights_yet(self) -> bool:
-        """Nothing is generated before the first push: wait a little for it (counted as idle)."""
-        if self.backend.version != 0:
-            return False
-        start = time.monotonic()
-        self.metrics.waiting.wait(Wait.WEIGHTS)
-        self._await_weights(self.cfg.redis.block_ms / 1000)
-        self.metrics.idle_seconds.inc(time.monotonic() - start)
-        return True
-
-    def _await_weights(self, timeout_s: float) -> None:
-        self.swap.arrived.wait(timeout_s)
-
-    def _admit(self, deliveries: list[Delivery[PromptGroup]]) -> list[Work]:
-        """(delivery, prompt ids, k) of each group that can be sampled; the others are dead-lettered."""
+    def admit(self, deliveries: list[Delivery[PromptGroup]]) -> list[Work]:
+        """The groups that can be sampled; the others are dead-lettered."""
         work: list[Work] = []
         for d in deliveries:
             try:
@@ -123,59 +146,80 @@ class GeneratorLoop:
                     raise ValueError(f"prompt group {d.message.group_id!r} asks for k={k} samples, more than "
                                      f"{MAX_GROUP_SAMPLES}")
                 ids = prompt_token_ids(d.message, self.tokenizer, self.cfg.model.max_prompt_tokens)
-                work.append((d, ids, k))
+                work.append(Work(d, ids, k))
             except ValueError as err:
                 log.warning("dead-lettering a prompt that cannot be sampled: %s", err)
-                self.consumer.dead_letter(d, str(err))
+                self.io.consumer.dead_letter(d, str(err))
         return work
 
-    def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
-        work = self._admit(deliveries)
-        if not work:
-            return 0
-        started_at, start = time.time(), time.perf_counter()
-        try:
-            with self.gate.generating(), (self.cores.busy() if self.cores else nullcontext()):
-                version, lineage = self.backend.version, self.swap.lineage  # both change under the gate only
-                completions = self._sample(work)
-        except Exception as err:  # a failing batch must not kill the service; its prompts are retried
-            log.exception("generation batch of %d groups failed", len(work))
-            for d, _, _ in work:
-                self.consumer.fail(d, f"{type(err).__name__}: {err}")
-            self.metrics.failed_groups.inc(len(work))
-            return 0
-        seconds, generated_at = time.perf_counter() - start, time.time()
-        groups = [rollout_group(d.message, c, PolicyVersion(lineage, version), self.generator_id,
-                                started_at, generated_at, self._decode)
-                  for (d, _, _), c in zip(work, completions, strict=True)]
-        self.consumer.ack([d for d, _, _ in work], groups, to=self.producer)
-        self._record(completions, seconds)
-        return len(groups)
+    def no_weights_yet(self, wait: Callable[[float], object]) -> bool:
+        """Nothing is generated before the first push: `wait` a little for it (counted as idle)."""
+        if self.backend.version != 0:
+            return False
+        start = time.monotonic()
+        self.metrics.waiting.wait(Wait.WEIGHTS)
+        wait(self.cfg.redis.block_ms / 1000)
+        self.metrics.idle_seconds.inc(time.monotonic() - start)
+        return True
 
-    def _sample(self, work: list[tuple[Delivery[PromptGroup], list[int], int]]) -> list[list[Completion]]:
-        """Completions per work item, in order; one backend call per distinct k (usually just one)."""
-        out: list[list[Completion] | None] = [None] * len(work)
-        order = sorted(range(len(work)), key=lambda i: work[i][2])
-        for k, same_k in groupby(order, key=lambda i: work[i][2]):
-            idx = list(same_k)
-            generated = self.backend.generate([work[i][1] for i in idx], k, self.cfg.generator.sampling)
-            for i, comps in zip(idx, generated, strict=True):
-                out[i] = comps
-        return out  # type: ignore[return-value]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _record(self, completions: list[list[Completion]], seconds: float) -> None:
-        tokens = sum(len(c.token_ids) for group in completions for c in group)
-        self.metrics.tokens.inc(tokens)
-        self.metrics.written_tokens.inc(tokens)
-        self.metrics.groups.inc(len(completions))
-        self.metrics.batch_seconds.observe(seconds)
-        self.metrics.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)
-
-    def _update_pending(self) -> None:
+    def update_pending(self) -> None:
+        """The prompts-pending gauge, at most once a second."""
         now = time.monotonic()
         if now >= self._next_pending_check:
             self._next_pending_check = now + 1.0
-            self.metrics.prompts_pending.set(self.pending())
+            self.metrics.prompts_pending.set(self.io.pending())
+
+
+class BatchLoop:
+    """Batch mode: `batch_prompts` groups at a time, written when the batch's last sample (or episode) ends;
+    a push lands between two batches (or between two model turns of episodes), under the gate."""
+
+    def __init__(self, ctx: LoopContext, kind: GroupKind):
+        self.ctx, self.kind = ctx, kind
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until `stop` is set; the batch in progress finishes first."""
+        while not stop.is_set():
+            self.step()
+
+    def close(self) -> None:
+        self.kind.close()
+
+    def step(self) -> int:
+        """One read-generate-write round; returns the groups written (0 when idle)."""
+        ctx, metrics = self.ctx, self.ctx.metrics
+        ctx.update_pending()
+        start = time.monotonic()
+        if ctx.no_weights_yet(ctx.swap.arrived.wait):
+            return 0
+        deliveries = ctx.io.consumer.read(ctx.cfg.generator.batch_prompts)
+        if not deliveries:
+            metrics.waiting.wait(Wait.PROMPTS)
+            metrics.idle_seconds.inc(time.monotonic() - start)
+            return 0
+        metrics.waiting.work()
+        return self._generate(deliveries)
+
+    def _generate(self, deliveries: list[Delivery[PromptGroup]]) -> int:
+        ctx, metrics = self.ctx, self.ctx.metrics
+        work = ctx.admit(deliveries)
+        if not work:
+            return 0
+        start = time.perf_counter()
+        try:
+            groups = self.kind.generate(work)
+        except Exception as err:  # a failing batch must not kill the service; its prompts are retried
+            log.exception("batch of %d groups (%s) failed", len(work), self.kind.noun)
+            for w in work:
+                ctx.io.consumer.fail(w.delivery, f"{type(err).__name__}: {err}")
+            metrics.failed_groups.inc(len(work))
+            return 0
+        seconds = time.perf_counter() - start
+        ctx.io.consumer.ack([w.delivery for w in work], groups, to=ctx.io.producer)
+        tokens = model_tokens(groups)
+        metrics.tokens.inc(tokens)
+        metrics.written_tokens.inc(tokens)
+        metrics.groups.inc(len(groups))
+        metrics.batch_seconds.observe(seconds)
+        metrics.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)
+        return len(groups)

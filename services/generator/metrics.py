@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrlhf import metrics as names
+from asyncrlhf.envs.base import EndKind
 from asyncrlhf.stalls import WaitState
 
 WAITING_HELP = "Unix time the wait began, by what it waits on (prompts, weights, redis); none while working."
@@ -60,9 +61,6 @@ class GeneratorMetrics:
                                        registry=r))
 
 
-EPISODE_ENDS = ("done", "max_turns", "length", "error", "timeout", "malformed")
-
-
 class EpisodeMetrics:
     """Multi-turn episodes (task.env): turns, how episodes ended, tool calls and failures by tool, and the
     environment's step latency."""
@@ -80,5 +78,5 @@ class EpisodeMetrics:
                                    ["tool"], registry=r)
         self.step_seconds = Histogram(names.GENERATOR_ENV_STEP_SECONDS, "Seconds per environment step.",
                                       buckets=_SECONDS_BUCKETS, registry=r)
-        for end in EPISODE_ENDS:  # exported from the start: the dashboard's panels have data before any ends
+        for end in EndKind:  # exported from the start: the dashboard's panels have data before any ends
             self.ended.labels(end=end)

@@ -25,11 +25,11 @@ from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, co
 from asyncrlhf.streams.holding import PendingHolder
 from asyncrlhf.weights.engine_member import EngineMember
 from services.generator.continuous import ContinuousLoop
-from services.generator.continuous_episodes import ContinuousEpisodeLoop
-from services.generator.episodes import EpisodeLoop
+from services.generator.episodes import EpisodeGroups
 from services.generator.http import make_http_app
-from services.generator.loop import GeneratorLoop, PromptIO
+from services.generator.loop import BatchLoop, GroupKind, Loop, LoopContext, PromptIO
 from services.generator.metrics import GeneratorMetrics
+from services.generator.samples import SingleTurn
 from services.generator.server import WeightSwap, WeightSyncServer, start_heartbeat, start_weight_sync
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,11 @@ def effective_mode(cfg: Config, backend: Backend) -> str:
         return "continuous"
     log.warning(HF_BATCH_ONLY)
     return "batch"
+
+
+def group_kind(ctx: LoopContext) -> GroupKind:
+    """What a prompt group is: k episodes with `task.env`, else k single-turn samples."""
+    return EpisodeGroups(ctx) if ctx.cfg.task.env.kind != "none" else SingleTurn(ctx)
 
 
 def weight_groups(server: WeightSyncServer) -> str:
@@ -90,18 +95,16 @@ class GeneratorService:
                       pending=lambda: self.streams.stats(PROMPTS, GENERATOR_GROUP).length,
                       handon=self.streams.producer(PROMPTS), partials=self.streams.partials())
         self.api_gate = self.gate
-        self.loop: GeneratorLoop
+        ctx = LoopContext(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
+        self.loop: Loop
         if engine is not None:
             assert isinstance(self.backend, VLLMBackend)
             self.backend.driver = engine  # the API's requests join the loop's engine steps
             self.backend.recompute_inflight = cfg.generator.vllm.inflight_kv == "recompute"
             self.api_gate = BackendGate()  # API batches queue among themselves; the engine's steps are shared
-            continuous = ContinuousEpisodeLoop if cfg.task.env.kind != "none" else ContinuousLoop
-            self.loop = continuous(cfg, self.swap, io, self.tokenizer, self.id, engine, cores=self.cores)
-        elif cfg.task.env.kind != "none":
-            self.loop = EpisodeLoop(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
+            self.loop = ContinuousLoop(ctx, group_kind(ctx), engine)
         else:
-            self.loop = GeneratorLoop(cfg, self.swap, io, self.tokenizer, self.id, cores=self.cores)
+            self.loop = BatchLoop(ctx, group_kind(ctx))
         self.weight_sync: WeightSyncServer | None = None
         self.heartbeat: Heartbeat | None = None
         self.http: HttpServer | None = None

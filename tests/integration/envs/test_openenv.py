@@ -71,7 +71,7 @@ def test_each_failure_of_the_server_is_an_env_failure_and_closes_the_session(url
     base.reset(env, cue, None, 5.0)
     with pytest.raises(EnvFailure) as failure:
         base.step(env, "3", 2.0)
-    assert failure.value.reason.startswith(reason), failure.value.reason
+    assert str(failure.value).startswith(reason), failure.value.end
     if cue == "hang":  # the adapter's own wait ends and closes the session (the hung server cannot tell)
         time.sleep(2.5)
         assert not env._finalizer.alive

@@ -15,15 +15,17 @@ import torch
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.sampling.continuous import ContinuousSampler
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams
 from asyncrlhf.token_versions import token_versions_problem
 from asyncrlhf.version import PolicyVersion
 from services.generator.continuous import ContinuousLoop
-from services.generator.loop import PromptIO
+from services.generator.loop import LoopContext, PromptIO
 from services.generator.metrics import GeneratorMetrics
+from services.generator.samples import SingleTurn
 from services.generator.server import WeightSwap
 from tests.integration.vllm.helpers import PARITY_ATOL, reference_logprobs, vllm_config
 from tests.unit.generator.peaked import perturbed_state_dict
@@ -62,8 +64,9 @@ def test_a_push_mid_sequence_changes_the_versions_of_the_tokens_after_it_and_onl
     new = perturbed_state_dict(policy, seed=22, scale=0.2)
     push(backend, old, 1)
     backend.recompute_inflight = recompute
-    sampler: ContinuousSampler[str] = ContinuousSampler(driver, LONG)
-    runs = [sampler.start(f"t{i}", f"g{i}-{recompute}", p, 2, lineage=1) for i, p in enumerate(prompts)]
+    sampler: ContinuousSampler[str, Progress] = ContinuousSampler(driver, Completions(), LONG)
+    runs = [sampler.start(f"t{i}", f"g{i}-{recompute}", GroupPrompt(p), 2, lineage=1)
+            for i, p in enumerate(prompts)]
     for _ in range(PUSH_AFTER_STEPS):
         sampler.step(1)
     before = [[list(s.token_ids) for s in run.samples] for run in runs]
@@ -82,7 +85,7 @@ def test_a_push_mid_sequence_changes_the_versions_of_the_tokens_after_it_and_onl
             checked += 1
             # the tokens after the push were drawn from the new weights: exactly their log-probs when the KV
             # cache was recomputed; with the old weights' KV kept for the prefix, close to them but not equal
-            expected = reference_logprobs(policy, run.prompt_ids + sample.token_ids[:n], sample.token_ids[n:],
+            expected = reference_logprobs(policy, run.prompt.ids + sample.token_ids[:n], sample.token_ids[n:],
                                           LONG)
             gap = (torch.tensor(sample.logprobs[n:]) - expected).abs().max().item()
             if recompute:
@@ -95,8 +98,8 @@ def test_a_push_mid_sequence_changes_the_versions_of_the_tokens_after_it_and_onl
 def test_the_api_is_answered_from_the_loops_steps_while_it_samples(engine):
     cfg, _, backend, driver, prompts = engine
     push(backend, perturbed_state_dict(load_policy(cfg.model), seed=23, scale=0.2), 3)
-    sampler: ContinuousSampler[str] = ContinuousSampler(driver, LONG)
-    sampler.start("t", "api-beside", prompts[1], 2, lineage=1)
+    sampler: ContinuousSampler[str, Progress] = ContinuousSampler(driver, Completions(), LONG)
+    sampler.start("t", "api-beside", GroupPrompt(prompts[1]), 2, lineage=1)
     answers: list = []
     api = threading.Thread(target=lambda: answers.append(
         backend.generate([prompts[0]], 3, SamplingConfig(max_new_tokens=4))))
@@ -122,7 +125,8 @@ class _Generator:
         self.swap.served = version
         io = PromptIO(streams.consumer(PROMPTS, GENERATOR_GROUP, name), streams.producer(ROLLOUTS),
                       handon=streams.producer(PROMPTS), partials=streams.partials())
-        self.loop = ContinuousLoop(cfg, self.swap, io, tokenizer, name, driver)
+        ctx = LoopContext(cfg, self.swap, io, tokenizer, name)
+        self.loop = ContinuousLoop(ctx, SingleTurn(ctx), driver)
         self.metrics = metrics
 
 

@@ -14,17 +14,19 @@ import pytest
 from asyncrlhf._proto.rollout_pb2 import PromptGroup
 from asyncrlhf.audit import audit_run
 from asyncrlhf.chat_format import observation_text
-from asyncrlhf.envs.continuous import ContinuousEpisodes
+from asyncrlhf.envs.continuous import Episodes, Slot, episodes_of
 from asyncrlhf.envs.episode import EpisodeLimits, EpisodeRunner
 from asyncrlhf.envs.rollouts import episode_group
 from asyncrlhf.models import load_policy, load_tokenizer
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import FEED_CURSOR, GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams
 from asyncrlhf.training.batch import TrainGroup, build_batch, validate_group
 from asyncrlhf.version import PolicyVersion
-from services.generator.continuous_episodes import ContinuousEpisodeLoop
-from services.generator.loop import PromptIO
+from services.generator.continuous import ContinuousLoop
+from services.generator.episodes import EpisodeGroups
+from services.generator.loop import LoopContext, PromptIO
 from services.generator.metrics import GeneratorMetrics
 from services.generator.server import WeightSwap
 from tests.integration.vllm.helpers import vllm_config
@@ -77,12 +79,20 @@ def engine(tmp_path_factory):
     backend.close()
 
 
-def run_all(episodes: ContinuousEpisodes, limit_s: float = 120) -> list:
+def episodes(engine, tokenizer, make_env, cfg, limits=LIMITS) -> ContinuousSampler[str, Slot]:
+    """The continuous sampler of episodes in the environments `make_env` makes, as the loop runs it."""
+    return ContinuousSampler(engine, Episodes(EpisodeRunner(tokenizer, make_env, limits)),
+                             cfg.generator.sampling)
+
+
+def run_all(sampler: ContinuousSampler, limit_s: float = 120) -> list:
     ended, steps, deadline = [], 0, time.monotonic() + limit_s
-    while episodes.groups:
+    while sampler.groups:
         assert time.monotonic() < deadline, "the episodes did not end"
-        episodes.settle(0.05)
-        ended += episodes.step(1 + steps // VERSION_EVERY)
+        sampler.settle(0.05)
+        ended += sampler.step(1 + steps // VERSION_EVERY)
+        # every episode not ended is in the engine or waits on its environment: what fills the slots
+        assert sampler.running_samples == sum(not s.ended for run in sampler.groups for s in run.samples)
         steps += 1
     return ended
 
@@ -90,17 +100,16 @@ def run_all(episodes: ContinuousEpisodes, limit_s: float = 120) -> list:
 def test_continuous_episodes_train_the_ids_they_sampled_with_environment_tokens_masked(engine):
     cfg, tokenizer, _, driver = engine
     recording = Recording(driver)
-    episodes: ContinuousEpisodes[str] = ContinuousEpisodes(
-        recording, EpisodeRunner(tokenizer, scripted.Counter, LIMITS), cfg.generator.sampling)
+    sampler = episodes(recording, tokenizer, scripted.Counter, cfg)
     for i, prompt in enumerate(["hi", "a longer prompt than that"]):
-        episodes.start(f"t{i}", f"g{i}", prompt, None, 2, lineage=1)
-    ended = run_all(episodes)
-    episodes.close()
+        sampler.start(f"t{i}", f"g{i}", GroupPrompt(text=prompt), 2, lineage=1)
+    ended = run_all(sampler)
+    sampler.close()
     assert sorted(run.group_id for run in ended) == ["g0", "g1"]
     for run in ended:
-        eps = run.episodes
-        assert [(e.end, e.turns, e.turn_rewards) for e in eps] == [("done", 3, [0.0, 0.0, 1.0])] * 2
-        group = episode_group(PromptGroup(group_id=run.group_id, prompt=run.prompt, k=2), eps,
+        eps = episodes_of(run)
+        assert [(str(e.end), e.turns, e.turn_rewards) for e in eps] == [("done", 3, [0.0, 0.0, 1.0])] * 2
+        group = episode_group(PromptGroup(group_id=run.group_id, prompt=run.prompt.text, k=2), eps,
                               PolicyVersion(1, 1), "gen", 0.0, 0.0, tokenizer.decode)
         for sample in group.samples:
             sample.reward = 0.0
@@ -135,16 +144,15 @@ def test_a_hung_environment_ends_only_its_episodes_while_the_engine_finishes_the
     cfg, tokenizer, _, driver = engine
     limits = EpisodeLimits(max_turns=4, max_episode_tokens=200, max_turn_tokens=6, step_timeout_s=10.0,
                            max_positions=256)
-    episodes: ContinuousEpisodes[str] = ContinuousEpisodes(
-        driver, EpisodeRunner(tokenizer, scripted.Picky, limits), cfg.generator.sampling)
-    episodes.start("hung", "hang", "hang", None, 2, lineage=1)
-    episodes.start("good", "good", "fine", None, 2, lineage=1)
-    ended = run_all(episodes)
-    episodes.close()
+    sampler = episodes(driver, tokenizer, scripted.Picky, cfg, limits)
+    sampler.start("hung", "hang", GroupPrompt(text="hang"), 2, lineage=1)
+    sampler.start("good", "good", GroupPrompt(text="fine"), 2, lineage=1)
+    ended = run_all(sampler)
+    sampler.close()
     assert [run.group_id for run in ended] == ["good", "hang"]  # the good group was not kept waiting
     good, hung = ended
-    assert [(e.end, e.turns) for e in good.episodes] == [("done", 3)] * 2
-    assert all(e.end.startswith("timeout: step ran past") and e.turns == 1 for e in hung.episodes)
+    assert [(str(e.end), e.turns) for e in episodes_of(good)] == [("done", 3)] * 2
+    assert all(str(e.end).startswith("timeout: step ran past") and e.turns == 1 for e in episodes_of(hung))
 
 
 def test_a_group_whose_episode_cannot_open_fails_alone(engine):
@@ -158,22 +166,20 @@ def test_a_group_whose_episode_cannot_open_fails_alone(engine):
             raise OSError("the sandbox image is missing")
         return scripted.Counter()
 
-    episodes: ContinuousEpisodes[str] = ContinuousEpisodes(
-        driver, EpisodeRunner(tokenizer, make, LIMITS), cfg.generator.sampling)
-    episodes.start("bad", "bad", "hi", None, 2, lineage=1)
-    episodes.start("good", "good", "hi", None, 2, lineage=1)
-    ended = run_all(episodes)
-    episodes.close()
+    sampler = episodes(driver, tokenizer, make, cfg)
+    sampler.start("bad", "bad", GroupPrompt(text="hi"), 2, lineage=1)
+    sampler.start("good", "good", GroupPrompt(text="hi"), 2, lineage=1)
+    ended = run_all(sampler)
+    sampler.close()
     assert [run.group_id for run in ended] == ["good"]
-    ((failed, reason),) = episodes.take_failed()
+    ((failed, reason),) = sampler.take_failed()
     assert failed.group_id == "bad" and reason == "OSError: the sandbox image is missing"
 
 
 def test_an_episode_stopped_while_its_replay_runs_hands_its_transcript_on_again(engine):
     cfg, tokenizer, _, driver = engine
-    first: ContinuousEpisodes[str] = ContinuousEpisodes(
-        driver, EpisodeRunner(tokenizer, scripted.Counter, LIMITS), cfg.generator.sampling)
-    first.start("t", "g", "hi", None, 1, lineage=1)
+    first = episodes(driver, tokenizer, scripted.Counter, cfg)
+    first.start("t", "g", GroupPrompt(text="hi"), 1, lineage=1)
     while not any(s.episode and s.episode.turns and s.turn.token_ids
                   for r in first.groups for s in r.samples):
         first.settle(0.05)
@@ -182,9 +188,8 @@ def test_an_episode_stopped_while_its_replay_runs_hands_its_transcript_on_again(
     first.close()
     handed = run.samples[0].partial()
     assert handed.turn_ends and handed.episode_context_ids
-    second: ContinuousEpisodes[str] = ContinuousEpisodes(
-        driver, EpisodeRunner(tokenizer, scripted.Opening, LIMITS), cfg.generator.sampling)
-    second.start("t", "g", "hi", None, 1, lineage=1, partial=[handed])
+    second = episodes(driver, tokenizer, scripted.Opening, cfg)
+    second.start("t", "g", GroupPrompt(text="hi"), 1, lineage=1, partial=[handed])
     (run,) = second.stop_all()  # stopped while the replay waits on the environment's reset
     try:
         assert run.samples[0].partial() == handed  # handed on again as it came, not lost
@@ -199,7 +204,8 @@ def _loop(cfg, backend, driver, tokenizer, client, name):
     swap.served = PolicyVersion(1, 1)
     io = PromptIO(streams.consumer(PROMPTS, GENERATOR_GROUP, name), streams.producer(ROLLOUTS),
                   handon=streams.producer(PROMPTS), partials=streams.partials())
-    return ContinuousEpisodeLoop(cfg, swap, io, tokenizer, name, driver)
+    ctx = LoopContext(cfg, swap, io, tokenizer, name)
+    return ContinuousLoop(ctx, EpisodeGroups(ctx), driver)
 
 
 def _stream(client, cfg, spec):
@@ -230,7 +236,7 @@ def test_a_stopped_generators_partial_episodes_are_continued_by_another_with_a_c
     earlier = [(list(s.token_ids), [*(s.episode.loss_mask if s.episode else []),
                                     *[1] * len(s.turn.token_ids)]) for s in run.samples]
     assert a.hand_on() == 1  # what SIGTERM does
-    a.episodes.close()
+    a.sampler.close()
     handed = _stream(redis_client, cfg, PROMPTS)[-1]
     assert handed.handoffs == 1 and all(p.episode_context_ids for p in handed.partial_samples)
     assert audit_run(cfg, redis_client).ok  # handed on: in flight, not lost
@@ -239,7 +245,7 @@ def test_a_stopped_generators_partial_episodes_are_continued_by_another_with_a_c
     while not _stream(redis_client, cfg, ROLLOUTS):
         assert time.monotonic() < deadline
         b.step()
-    b.episodes.close()
+    b.sampler.close()
     (rollout,) = _stream(redis_client, cfg, ROLLOUTS)
     continued = 0
     for sample, (ids, mask) in zip(rollout.samples, earlier, strict=True):
@@ -273,8 +279,8 @@ def test_a_killed_generators_episodes_are_continued_from_their_last_save(engine,
             or a.sampler.groups[0].saved_tokens < save_every:
         assert time.monotonic() < deadline
         a.step()
-    driver.abort(list(a.episodes._sequences))  # SIGKILL: nothing handed on, no ack
-    a.episodes.close()
+    driver.abort(list(a.sampler._sequences))  # SIGKILL: nothing handed on, no ack
+    a.sampler.close()
 
     (save,) = streams.partials().further([PromptGroup(group_id="g00000000")])
     saved = [len(p.completion_token_ids) if not p.finish_reason else 0 for p in save.partial_samples]
@@ -285,7 +291,7 @@ def test_a_killed_generators_episodes_are_continued_from_their_last_save(engine,
     while not _stream(redis_client, cfg, ROLLOUTS):
         assert time.monotonic() < deadline
         b.step()
-    b.episodes.close()
+    b.sampler.close()
     (rollout,) = _stream(redis_client, cfg, ROLLOUTS)
     assert [s.continued_from for s in rollout.samples] == saved  # every saved unfinished episode carried on
     assert all(s.episode_end == "done" for s in rollout.samples)

@@ -24,7 +24,8 @@ from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.bench.enginepush import compare, report
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.sampling.continuous import ContinuousSampler
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import PAYLOAD_FIELD, PROMPTS, ROLLOUTS, RunStreams, run_key
@@ -178,8 +179,8 @@ def test_a_continuous_engine_process_labels_each_token_with_the_weights_that_sam
     backend.apply_weights(weights[first], PolicyVersion(0, first))
     backend.driver, backend.recompute_inflight = VLLMStepEngine(backend), True
     try:
-        sampler: ContinuousSampler[str] = ContinuousSampler(backend.driver, long)
-        runs = [sampler.start(f"t{i}", f"g{i}", p, 2, lineage=0) for i, p in enumerate(prompts)]
+        sampler: ContinuousSampler[str, Progress] = ContinuousSampler(backend.driver, Completions(), long)
+        runs = [sampler.start(f"t{i}", f"g{i}", GroupPrompt(p), 2, lineage=0) for i, p in enumerate(prompts)]
         for _ in range(6):
             sampler.step(first)
         backend.apply_weights(weights[first + 1], PolicyVersion(0, first + 1))
@@ -198,7 +199,7 @@ def test_a_continuous_engine_process_labels_each_token_with_the_weights_that_sam
                 if lo == hi:
                     continue
                 policy.load_state_dict(weights[version])
-                expected = reference_logprobs(policy, run.prompt_ids + ids[:lo], ids[lo:hi], long)
+                expected = reference_logprobs(policy, run.prompt.ids + ids[:lo], ids[lo:hi], long)
                 gap = (torch.tensor(sample.logprobs[lo:hi]) - expected).abs().max().item()
                 assert gap <= PARITY_ATOL, (version, lo, hi, gap)
     assert straddled, "no sample was sampled by both versions: lengthen the sampling"

@@ -12,7 +12,8 @@ import torch
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
-from asyncrlhf.sampling.continuous import ContinuousSampler
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 from tests.integration.vllm.helpers import (
@@ -91,8 +92,8 @@ def in_flight_across_a_push(backend, reference, prompts) -> None:
     from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 
     backend.driver, backend.recompute_inflight = VLLMStepEngine(backend), True
-    sampler: ContinuousSampler[str] = ContinuousSampler(backend.driver, LONG)
-    runs = [sampler.start(f"t{i}", f"g{i}", p, 2, lineage=0) for i, p in enumerate(prompts)]
+    sampler: ContinuousSampler[str, Progress] = ContinuousSampler(backend.driver, Completions(), LONG)
+    runs = [sampler.start(f"t{i}", f"g{i}", GroupPrompt(p), 2, lineage=0) for i, p in enumerate(prompts)]
     for _ in range(4):
         sampler.step(3)
     before = [[len(s.token_ids) for s in run.samples] for run in runs]
@@ -107,7 +108,7 @@ def in_flight_across_a_push(backend, reference, prompts) -> None:
             assert sample.versions == [3] * n + [4] * (len(sample.token_ids) - n)
             if len(sample.token_ids) > n:
                 checked += 1
-                expected = reference_logprobs(reference, run.prompt_ids + sample.token_ids[:n],
+                expected = reference_logprobs(reference, run.prompt.ids + sample.token_ids[:n],
                                               sample.token_ids[n:], LONG)
                 assert (torch.tensor(sample.logprobs[n:]) - expected).abs().max().item() <= PARITY_ATOL
     assert checked, "no sample outlived the push: lengthen LONG"

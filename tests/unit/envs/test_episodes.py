@@ -61,7 +61,7 @@ def test_trained_ids_are_the_sampled_ids_across_turns(tiny):
     and version; between turns sit the observations' ids, tokenised once; nothing is re-tokenised."""
     _, tokenizer, _ = tiny
     (episodes,), recorder = run(tiny, scripted.Counter)
-    assert [e.turns for e in episodes] == [3, 3] and {e.end for e in episodes} == {"done"}
+    assert [e.turns for e in episodes] == [3, 3] and {str(e.end) for e in episodes} == {"done"}
     group = episode_group(PromptGroup(group_id="g", prompt="hi", k=2), episodes, PolicyVersion(0, 3), "gen",
                           0.0, 0.0, tokenizer.decode)
     for sample in group.samples:
@@ -143,16 +143,16 @@ def test_a_failing_environment_ends_only_its_own_episode(tiny, env_cls, reason):
     cfg, tokenizer, backend = tiny
     recorder = Recorder(cfg, backend)
     bad, good = EpisodeRunner(tokenizer, make, LIMITS).run([("a", None), ("b", None)], 2, recorder)
-    assert all(e.end.startswith(reason) for e in bad), [e.end for e in bad]
+    assert all(str(e.end).startswith(reason) for e in bad), [e.end for e in bad]
     assert all(e.turns == 1 and sum(e.loss_mask) == len(e.token_ids) for e in bad)  # its sampled turn kept
-    assert [(e.end, e.turns, e.reward) for e in good] == [("done", 3, 1.0)] * 2
+    assert [(str(e.end), e.turns, e.reward) for e in good] == [("done", 3, 1.0)] * 2
 
 
 def test_the_environment_steps_of_a_turn_run_at_once(tiny):
     """Four episodes whose steps each wait for the other three (a barrier): they can only finish if the
     runner steps them concurrently, not one after another."""
     (episodes,), _ = run(tiny, scripted.Together, k=4)
-    assert [(e.end, e.turns) for e in episodes] == [("done", 3)] * 4
+    assert [(str(e.end), e.turns) for e in episodes] == [("done", 3)] * 4
 
 
 def test_a_turn_cut_by_length_is_closed_by_a_masked_eos(tiny):
@@ -165,7 +165,7 @@ def test_a_turn_cut_by_length_is_closed_by_a_masked_eos(tiny):
     finally:
         backend.apply_weights(load_policy(cfg.model).state_dict(), version=PolicyVersion(0, 5))
     (e,) = episodes
-    assert e.turns == 3 and e.end == "done"
+    assert e.turns == 3 and str(e.end) == "done"
     eos_at = [i for i, t in enumerate(e.token_ids) if t == tokenizer.eos_token_id]
     assert eos_at and all(e.loss_mask[i] == 0 for i in eos_at)
     assert [t for t, m in zip(e.token_ids, e.loss_mask, strict=True) if m] == [7] * 18
@@ -178,7 +178,7 @@ def test_a_budget_ends_the_episode_by_length(tiny):
     (episodes,) = EpisodeRunner(tokenizer, scripted.Counter, tight).run([("hi", None)], 1,
                                                                         Recorder(cfg, backend))
     (e,) = episodes
-    assert e.end in ("length", "done") and len(e.token_ids) <= 10
+    assert str(e.end) in ("length", "done") and len(e.token_ids) <= 10
     assert isinstance(e.completion(), Completion)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrlhf._proto.rollout_pb2 import Sample
+from asyncrlhf.envs.base import EndKind, EpisodeEnd
 from asyncrlhf.envs.episode import Episode, EpisodeRunner
 from asyncrlhf.envs.handon import Turn, partial_sample, resume
 from tests.unit.envs import scripted
@@ -20,7 +21,7 @@ def episode_of(tiny, env_cls) -> tuple[EpisodeRunner, Episode]:  # noqa: F811
     cfg, tokenizer, backend = tiny
     runner = EpisodeRunner(tokenizer, env_cls, LIMITS)
     ((episode,),) = runner.run([("hi", None)], 1, Recorder(cfg, backend))
-    assert episode.end == "done" and episode.turns == 3
+    assert str(episode.end) == "done" and episode.turns == 3
     return runner, episode
 
 
@@ -90,4 +91,11 @@ def test_an_ended_episode_is_carried_as_it_is(tiny):  # noqa: F811
     got = resumed.episode
     assert (got.token_ids, got.loss_mask, got.versions, got.turn_ends, got.turn_rewards) == (
         e.token_ids, e.loss_mask, e.versions, e.turn_ends, e.turn_rewards)
-    assert (got.reward, got.end, got.finish) == (1.0, "done", e.finish)
+    assert (got.reward, got.end, got.finish) == (1.0, EpisodeEnd(EndKind.DONE), e.finish)
+
+
+def test_an_ended_episode_whose_end_no_episode_has_starts_again(tiny):  # noqa: F811
+    runner, e = episode_of(tiny, scripted.Counter)
+    sample = partial_sample(e, Turn())
+    sample.episode_end = "finished"  # not an end (a generator of another version, or a corrupt save)
+    assert resume(runner, sample, "hi", None) is None

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from asyncrlhf._proto.rollout_pb2 import Sample
 from asyncrlhf.config import SamplingConfig
-from asyncrlhf.sampling.continuous import ContinuousSampler, Progress, StepDelta, with_engine_versions
+from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt, StepDelta, with_engine_versions
+from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.sampling.vllm_stepping import engine_versions
 
 pytestmark = pytest.mark.unit
@@ -64,8 +66,9 @@ class ScriptedEngine:
 def test_a_sample_ends_with_the_versions_the_engine_reports_not_those_the_loop_held_when_it_read_them():
     # the loop reads the second token after applying push 2, but the engine sampled it under version 1
     engine = ScriptedEngine([[(5, None)], [(6, None)], [(7, (1, 1, 2))]])
-    sampler: ContinuousSampler[str] = ContinuousSampler(engine, SamplingConfig(max_new_tokens=3))
-    run = sampler.start("t", "g", [1, 2], 1, lineage=1)
+    sampler: ContinuousSampler[str, Progress] = ContinuousSampler(engine, Completions(),
+                                                                  SamplingConfig(max_new_tokens=3))
+    run = sampler.start("t", "g", GroupPrompt([1, 2]), 1, lineage=1)
     sampler.step(1)
     sampler.step(2)
     (ended,) = sampler.step(2)
@@ -75,8 +78,9 @@ def test_a_sample_ends_with_the_versions_the_engine_reports_not_those_the_loop_h
 
 def test_a_continued_samples_earlier_tokens_keep_their_versions():
     engine = ScriptedEngine([[(7, (3,))]])
-    sampler: ContinuousSampler[str] = ContinuousSampler(engine, SamplingConfig(max_new_tokens=3))
-    partial = Progress([5, 6], [-0.1, -0.2], [1, 2], None, continued_from=0)
-    run = sampler.start("t", "g", [1, 2], 1, lineage=1, partial=[partial])
+    sampler: ContinuousSampler[str, Progress] = ContinuousSampler(engine, Completions(),
+                                                                  SamplingConfig(max_new_tokens=3))
+    partial = Sample(completion_token_ids=[5, 6], logprobs=[-0.1, -0.2], token_versions=[1, 2])
+    run = sampler.start("t", "g", GroupPrompt([1, 2]), 1, lineage=1, partial=[partial])
     sampler.step(4)
     assert run.samples[0].versions == [1, 2, 3]
