@@ -19,6 +19,7 @@ import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
 
@@ -121,6 +122,15 @@ DELTA_INDEX_BYTES = 4  # a delta's indices are int32
 def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Only the LoRA adapter tensors (PEFT names contain `lora_`): what a LoRA run pushes."""
     return {name: t for name, t in state_dict.items() if "lora_" in name}
+
+
+def verify(name: str, filled: int, nbytes: int, digest: xxhash.xxh3_64, checksum: int | None) -> None:
+    """A staged tensor's bytes, all `nbytes` of them, hash to the `checksum` they came with."""
+    if filled != nbytes or checksum is None:
+        raise PushRejected(Reason.TRUNCATED, f"`{name}`: got {filled} of {nbytes} bytes")
+    got = digest.intdigest()
+    if got != checksum:
+        raise PushRejected(Reason.BAD_CHECKSUM, f"`{name}`: XXH3-64 {got:#018x}, expected {checksum:#018x}")
 
 
 HASH_BLOCK = 256 << 10  # copied then hashed while still in cache: one pass over memory, not two

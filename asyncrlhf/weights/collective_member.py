@@ -10,6 +10,7 @@ buffers), draining the rest once the receiver stops reading.
 `CollectiveSource` is the route's `Source` for one push: each tensor's `InBucket` payload checks its bucket's
 XXH3-64, computed on the bucket as received (in host memory; after a copy from the GPU with NCCL), against
 the learner's, then copies the tensor's bytes into staging, hashing them there (the per-tensor checksum).
+The route is registered at the end of this module, with its learner end (`collective_sender.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from asyncrlhf.weights.collective import (
     process_group,
     store_client,
 )
-from asyncrlhf.weights.routes import InPlaceBytes, Payload
+from asyncrlhf.weights.collective_sender import CollectiveSender
+from asyncrlhf.weights.routes import Fallback, Payload, RouteSpec, SenderSettings, register
 from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 KEPT_GROUPS = 2
@@ -189,12 +191,6 @@ class InBucket:
                                f"learner packed {self.where.bucket_checksum:#018x}")
         copy_hashed(dst, memoryview(bucket[offset:offset + self.nbytes]), digest)  # type: ignore[arg-type]
 
-    def lend(self) -> InPlaceBytes | None:
-        return None
-
-    def elsewhere(self) -> None:
-        return None
-
     def abort(self) -> None:
         self.round.close()
 
@@ -285,3 +281,22 @@ class CollectiveMember:
             last, self._last = self._last, None
         if last is not None:
             last.close()
+
+
+def _sender(settings: SenderSettings) -> CollectiveSender | None:
+    """With learner.collective, the route the learner prefers."""
+    if settings.cfg is None or not settings.cfg.learner.collective:
+        return None
+    return CollectiveSender.from_config(settings.cfg, settings.access)
+
+
+def _offer(member: Member | None, status: pb.GetStatusReply) -> None:
+    if member is not None:
+        status.collective_backends.extend(member.backends)
+
+
+# One broadcast serves every member of a round: the version whole (`whole`). A round the receiver cannot take
+# part in, or a store the pusher cannot reach, may heal: ask again at the next push.
+register(RouteSpec(Route.COLLECTIVE, _sender, CollectiveSource, preference=10, offer=_offer, whole=True,
+                   fallbacks={Reason.COLLECTIVE_UNAVAILABLE: Fallback(avoid=False),
+                              OSError: Fallback(avoid=False)}))

@@ -21,17 +21,16 @@ the learner's, is `bad_checksum`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.codec import DELTA_INDEX_BYTES, TO_WIRE, WireTensor, nbytes_of
-from asyncrlhf.weights.leases import Buffers
-from asyncrlhf.weights.staging import InPlace, Staging, _verify
+from asyncrlhf.weights.codec import DELTA_INDEX_BYTES, TO_WIRE, WireTensor, verify
+from asyncrlhf.weights.routes import Lease, Payload
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 
@@ -42,29 +41,61 @@ class _Base:
     owned: bool  # the receiver's alone (not live storage, not a segment's): reusable once superseded
 
 
-class DeltaStaging(Staging):
-    """One delta tensor: its bytes staged into a scratch buffer (`Staging`), then applied onto `base` into
+class Copied(Protocol):
+    """A delta's own bytes as staged (`receiver.Staging`)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    buffer: torch.Tensor
+    filled: int
+    nbytes: int
+    checksum: int | None
+
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None: ...
+
+    def wait(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class DeltaStaging:
+    """One delta tensor: its bytes staged by `delta` (a scratch buffer), then applied onto `base` into
     `result` (a staging buffer of the whole tensor's bytes) and the result verified."""
 
-    def __init__(self, header: pb.WeightChunk, base: torch.Tensor, result: torch.Tensor,
-                 worker: ThreadPoolExecutor):
+    lease = None  # the result is the receiver's own
+
+    def __init__(self, header: pb.WeightChunk, delta: Copied, base: torch.Tensor, result: torch.Tensor):
+        self.delta, self.base, self.result = delta, base, result
+        self.name, self.dtype, self.shape = delta.name, delta.dtype, delta.shape
         self.elements = header.delta.elements
-        super().__init__(header, torch.empty(nbytes_of(header), dtype=torch.uint8), worker)
-        self.base, self.result = base, result
+
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        self.delta.add(header, payload)
+
+    def wait(self) -> None:
+        self.delta.wait()
+
+    def abort(self) -> None:
+        self.delta.abort()
+
+    def staged(self) -> torch.Tensor:
+        return self.result
 
     def wire(self) -> WireTensor:
         """The resulting tensor (what a relay forwards: whole, with the checksum verified)."""
         data = memoryview(self.result.numpy())  # type: ignore[arg-type]  # numpy's stub: a buffer
-        return WireTensor(self.name, TO_WIRE[self.dtype], self.shape, data, self.result, self.checksum)
+        return WireTensor(self.name, TO_WIRE[self.dtype], self.shape, data, self.result, self.delta.checksum)
 
     def finish(self) -> torch.Tensor:
-        self.wait()
-        if self.filled != self.nbytes or self.checksum is None:
-            raise PushRejected(Reason.TRUNCATED, f"`{self.name}`: got {self.filled} of {self.nbytes} bytes "
-                                                 "of its delta")
+        d = self.delta
+        d.wait()
+        if d.filled != d.nbytes or d.checksum is None:
+            raise PushRejected(Reason.TRUNCATED, f"`{self.name}`: got {d.filled} of {d.nbytes} bytes of its "
+                                                 "delta")
         n = self.elements
-        indices = self.buffer[:DELTA_INDEX_BYTES * n].view(torch.int32).long()
-        values = self.buffer[DELTA_INDEX_BYTES * n:]
+        indices = d.buffer[:DELTA_INDEX_BYTES * n].view(torch.int32).long()
+        values = d.buffer[DELTA_INDEX_BYTES * n:]
         if values.storage_offset() % self.dtype.itemsize:
             values = values.clone()
         out = self.result.view(self.dtype)
@@ -74,16 +105,34 @@ class DeltaStaging(Staging):
         self.result.copy_(self.base)
         out[indices] = values.view(self.dtype)
         digest = xxhash.xxh3_64(self.result.numpy())  # type: ignore[arg-type]  # a buffer
-        _verify(self.name, self.nbytes, self.nbytes, digest, self.checksum)
+        nbytes = self.result.numel()
+        verify(self.name, nbytes, nbytes, digest, d.checksum)
         return out.reshape(self.shape)
 
 
-def _staged_bytes(s: Staging | InPlace) -> torch.Tensor:
-    if isinstance(s, DeltaStaging):
-        return s.result
-    if isinstance(s, Staging):
-        return s.buffer
-    return s.tensor().reshape(-1).view(torch.uint8)
+class Kept(Protocol):
+    """A staged tensor of a committed push (`receiver.Staging`, `leases.InPlace`, `DeltaStaging`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def lease(self) -> Lease | None:
+        """Not None: a segment's bytes."""
+
+    def staged(self) -> torch.Tensor:
+        """Its bytes (uint8, flat)."""
+
+
+class Pool(Protocol):
+    """The receiver's staging buffers (`receiver.Buffers`)."""
+
+    def reuse(self, name: str, storage: torch.Tensor) -> None: ...
+
+    def drop(self, name: str) -> None: ...
 
 
 class Bases:
@@ -112,8 +161,8 @@ class Bases:
                                                   f"in {wanted}: push the tensor whole")
         return kept.data
 
-    def keep(self, version: PolicyVersion, keep: bool, done: Sequence[Staging | InPlace],
-             replaced: Mapping[str, torch.Tensor], buffers: Buffers) -> None:
+    def keep(self, version: PolicyVersion, keep: bool, done: Sequence[Kept],
+             replaced: Mapping[str, torch.Tensor], buffers: Pool) -> None:
         """After the commit of `version` (`replaced`: what the target adopted, `target.swap_in`): keep its
         tensors as the base (`keep`), or none."""
         previous, self._tensors, self.version = self._tensors, {}, None
@@ -122,10 +171,10 @@ class Bases:
         for s in done:
             spare = previous.pop(s.name, None)
             reusable = spare.data if spare is not None and spare.owned else None
-            data = _staged_bytes(s)
+            data = s.staged()
             if s.name in replaced:  # live storage now: it stays as it is
                 self._tensors[s.name] = _Base(data, s.dtype, owned=False)
-            elif isinstance(s, InPlace):  # a segment's bytes, which the pusher may rewrite once released
+            elif s.lease is not None:  # a segment's bytes, which the pusher may rewrite once released
                 copy = reusable if reusable is not None and reusable.numel() == data.numel() else \
                     torch.empty_like(data)
                 self._tensors[s.name] = _Base(copy.copy_(data), s.dtype, owned=True)

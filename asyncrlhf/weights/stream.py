@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterator
+from contextlib import nullcontext
 from queue import Full, Queue
 
 import numpy as np
@@ -24,7 +25,7 @@ import xxhash
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.access import PushCall
 from asyncrlhf.weights.codec import Snapshot, copy_hashed, encoded_chunks
-from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.routes import RouteSpec, SenderSettings, register
 from asyncrlhf.weights.vocabulary import Route
 
 
@@ -179,12 +180,6 @@ class Inline:
     def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> None:
         copy_hashed(dst, self.data, digest)
 
-    def lend(self) -> InPlaceBytes | None:
-        return None
-
-    def elsewhere(self) -> None:
-        return None
-
     def abort(self) -> None:
         """Nothing to stop: the bytes are here."""
 
@@ -199,3 +194,14 @@ class StreamSource:
 
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Inline:
         return Inline(inline)
+
+
+def _sender(settings: SenderSettings) -> StreamSender:
+    return StreamSender(settings.chunk_bytes)
+
+
+def _source(end: None) -> nullcontext[StreamSource]:
+    return nullcontext(StreamSource())
+
+
+register(RouteSpec(Route.STREAM, _sender, _source, preference=100))
