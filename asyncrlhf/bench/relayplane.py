@@ -38,7 +38,7 @@ def _receivers(params: int, count: int, conn) -> None:
     for _ in range(count):
         data = DataListener()  # as a generator: with a data channel
         receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
-                                  NO_VERSION, data)
+                                  NO_VERSION, data=data)
         relay = Relay(relay_pusher(ClientAccess(TOKEN), 4 << 20, timeout_s=600))
         server, port = serve(receiver, access=ServerAccess(TOKEN), relay=relay)
         running.append((server, relay, data, port))

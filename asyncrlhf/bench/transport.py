@@ -169,7 +169,7 @@ def _receivers(params: int, conn) -> None:
     torch.set_num_threads(1)
     data, collective = DataListener(), CollectiveMember()
     receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
-                              NO_VERSION, data, collective)
+                              NO_VERSION, data=data, collective=collective)
     server, port = serve(receiver, access=ServerAccess("bench"))
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))
