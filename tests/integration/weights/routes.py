@@ -18,8 +18,8 @@ import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.version import PolicyVersion
 from asyncrlhf.config import load_config
+from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.codec import Snapshot, decode_chunk, encode_chunk
 from asyncrlhf.weights.collective_sender import CollectiveSender, CollectiveTransfer

@@ -158,7 +158,8 @@ def test_a_data_port_that_refuses_connections_gets_the_byte_stream_then_is_asked
         outcome = push(by, learner.state_dict(), 1, generator)
         assert (outcome.status, outcome.route) == ("ok", Route.STREAM)
         assert same(snapshot(generator.model), snapshot(learner))
-        generator.receiver.ends[Route.DATA] = generator.data = DataListener()  # a restarted channel, on another port
+        # a restarted channel, on another port
+        generator.receiver.ends[Route.DATA] = generator.data = DataListener()
         assert by.probe([PushTarget("g0", generator.address)]) == [Route.DATA]  # asked again
         outcome = push(by, tiny_model(3).state_dict(), 2, generator)
         assert (outcome.status, outcome.route) == ("ok", Route.DATA)

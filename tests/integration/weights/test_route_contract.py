@@ -32,7 +32,7 @@ def route(request):
     if isinstance(request.param, Route) and request.param != Route.RELAY:
         made = sender(request.param)
         if made is None:
-            pytest.skip(f"the {request.param} route cannot be taken on this machine (e.g. no writable /dev/shm)")
+            pytest.skip(f"the {request.param} route cannot be taken here (e.g. no writable /dev/shm)")
         made.close()
     if request.param == ENGINE:
         return Direct(Route.COLLECTIVE, engine=True)

@@ -291,7 +291,8 @@ def test_a_push_whose_segment_a_newer_version_is_rewriting_is_refused(generator,
 
 def test_a_receiver_that_cannot_see_the_segment_gets_the_bytes_over_the_network(generator, learner,
                                                                                tmp_path):
-    generator.receiver.ends[Route.SHM] = shm_read.SegmentMaps(tmp_path)  # a private /dev/shm, as in a container
+    # a private /dev/shm, as in a container
+    generator.receiver.ends[Route.SHM] = shm_read.SegmentMaps(tmp_path)
     with pusher() as by:
         outcome = push(by, learner.state_dict(), 1, generator)
         assert (outcome.status, outcome.route) == ("ok", Route.STREAM)  # this push: the fallback

@@ -177,7 +177,8 @@ def test_relays_dial_with_the_runs_tls_client_settings(pki):
         for _ in range(3):
             model, access = torch.nn.Linear(4, 3), ServerAccess.from_config(cfg)  # as the generator service
             data = DataListener(tls=access.data_tls)
-            receiver, relay = WeightReceiver(ModuleTarget(model), NO_VERSION, data=data), Relay.from_config(cfg)
+            receiver = WeightReceiver(ModuleTarget(model), NO_VERSION, data=data)
+            relay = Relay.from_config(cfg)
             server, port = serve(receiver, "127.0.0.1", 0, access, relay=relay)
             running.append((server, relay, data, model, f"127.0.0.1:{port}"))
         weights = {"weight": torch.ones(3, 4), "bias": torch.zeros(3)}
