@@ -5,8 +5,8 @@ atomically. One module per concern:
     codec.py       the wire format: tensors <-> WeightChunk bytes, dtypes, XXH3-64, `Snapshot` (one version)
     target.py      `WeightTarget`, the one interface that applies weights
                    (`apply_weights(tensors, version: PolicyVersion, adopt=...)`), `ModuleTarget`, `swap_in`
-    access.py      token, TLS and channels: `ClientAccess` (pusher, relay), `ServerAccess` (server)
-    tls.py         the TLS files of run.grpc_tls as gRPC credentials and ssl contexts
+    access.py      token, TLS (the files of run.grpc_tls as credentials and ssl contexts) and channels:
+                   `ClientAccess` (pusher, relay), `ServerAccess` (server)
     routes.py      one interface per end of a route: `Sender` (learner) and `Source` (generator); the registry
                    of routes (`RouteSpec`: both ends, GetStatus offer, whole-only, fallbacks)
     the routes, each registering itself where its two ends meet:

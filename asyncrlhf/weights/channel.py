@@ -19,9 +19,9 @@ end (the route is registered below).
   hash `bad_checksum`, a ticket whose connection never comes `channel_unavailable` (the pusher then streams
   over gRPC): every one a refused push, the old version still serving.
 
-Beside a TLS WeightSync the channel is TLS too, from the same files (`tls.server_ssl_context`,
-`tls.client_ssl_context`: the generator's certificate, the client CA for mutual TLS): a TLS server refuses a
-plaintext channel, and a TLS pusher uses a data channel only with its `ssl` context.
+Beside a TLS WeightSync the channel is TLS too, from the same files (`access.server_ssl_context`,
+`access.client_ssl_context`: the generator's certificate, the client CA for mutual TLS): a TLS server refuses
+a plaintext channel, and a TLS pusher uses a data channel only with its `ssl` context.
 """
 
 from __future__ import annotations

@@ -19,14 +19,20 @@ from cryptography.x509.oid import NameOID
 
 from asyncrlhf.config import load_config
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.access import ClientAccess, ServerAccess
+from asyncrlhf.weights.access import (
+    ClientAccess,
+    ServerAccess,
+    TlsConfigError,
+    channel_credentials,
+    server_credentials,
+    server_ssl_context,
+)
 from asyncrlhf.weights.channel import DataListener, Outgoing, new_ticket
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.target import ModuleTarget
-from asyncrlhf.weights.tls import TlsConfigError, channel_credentials, server_credentials, server_ssl_context
 from asyncrlhf.weights.vocabulary import PushRejected, Route
 
 pytestmark = pytest.mark.integration
