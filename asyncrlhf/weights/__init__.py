@@ -20,7 +20,7 @@ atomically. One module per concern:
     receiver.py    stage, verify, atomic swap (`WeightReceiver`); leases.py: bytes adopted in place
     server.py      the gRPC servicer (proto <-> receiver, refusals -> status codes in one place), `serve`
     pusher.py      the learner's side: probe -> route -> sender, to many servers at once
-    delta.py       delta pushes, the learner's end; delta_receive.py the generator's (entered only when on)
+    delta.py       delta pushes, both ends (entered only when learner.push_delta is on)
     relay.py       relays: the tree (`plan`), a generator forwarding what it committed (`Relay`), and the
                    learner following the tree and pushing around a failed relay (`TreePush`)
 

@@ -75,7 +75,7 @@ class InPlace:
 
 
 class Staged(Protocol):
-    """A staged tensor of a committed push (`receiver.Staging`, `InPlace`, `delta_receive.DeltaStaging`)."""
+    """A staged tensor of a committed push (`receiver.Staging`, `InPlace`, `delta.DeltaStaging`)."""
 
     @property
     def name(self) -> str: ...

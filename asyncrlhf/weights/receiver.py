@@ -9,7 +9,7 @@ version bit for bit. Nothing read from the wire is unpickled: tensors are raw by
 
 Bytes to copy are staged here (`Staging`, into `Buffers` kept between pushes); bytes adopted where they lie
 (a same-host segment) are `leases.InPlace`; bytes another process holds stage a placeholder (`Elsewhere`); a
-delta is `delta_receive.DeltaStaging`, entered only by a push that sends one.
+delta is `delta.DeltaStaging`, entered only by a push that sends one.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from asyncrlhf.weights.codec import (
     verify,
     version_of,
 )
-from asyncrlhf.weights.delta_receive import Bases, DeltaStaging
+from asyncrlhf.weights.delta import Bases, DeltaStaging
 from asyncrlhf.weights.leases import Holds, InPlace
 from asyncrlhf.weights.routes import HeldBytes, Holder, InPlaceBytes, Payload, Source, registered
 from asyncrlhf.weights.target import WeightTarget
