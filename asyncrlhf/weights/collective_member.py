@@ -298,5 +298,6 @@ def _offer(member: Member | None, status: pb.GetStatusReply) -> None:
 # One broadcast serves every member of a round: the version whole (`whole`). A round the receiver cannot take
 # part in, or a store the pusher cannot reach, may heal: ask again at the next push.
 register(RouteSpec(Route.COLLECTIVE, _sender, CollectiveSource, preference=10, offer=_offer, whole=True,
+                   by_config=True,
                    fallbacks={Reason.COLLECTIVE_UNAVAILABLE: Fallback(avoid=False),
                               OSError: Fallback(avoid=False)}))

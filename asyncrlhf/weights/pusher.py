@@ -106,8 +106,8 @@ NO_RELAY = RelayPlan()
 
 def senders(settings: SenderSettings, routes: Collection[Route] | None = None) -> list[Sender]:
     """The learner end of each registered route (of `routes`, if given) this process can take, in order of
-    preference; the route of last resort always."""
-    chosen = [spec for spec in registered() if routes is None or spec.route in routes or
+    preference; the route of last resort always, and the routes the config turns on."""
+    chosen = [spec for spec in registered() if routes is None or spec.route in routes or spec.by_config or
               spec.route == last_resort()]
     return [sender for spec in chosen if (sender := spec.sender(settings)) is not None]
 

@@ -180,7 +180,8 @@ class RouteSpec:
     must not serve beside the server's access. `whole`: a transfer serves every target of a round with one
     version (a delta goes to none of them). `one_transfer`: the sender holds one transfer a round.
     `fallbacks`: what each failure (the receiver's refusal, or the route's own connection: OSError) gives way
-    to.
+    to. `by_config`: the run's config alone turns the route on (its sender reads it), whatever routes a
+    pusher is given.
     `preference`: routes are offered in its order; the last is the route of last resort, which any generator
     takes and whose source claims any message."""
 
@@ -193,6 +194,7 @@ class RouteSpec:
     check_serving: Callable[[Any, ServerAccess], None] = _nothing
     whole: bool = False
     one_transfer: bool = False
+    by_config: bool = False
     fallbacks: Mapping[Reason | type[OSError], Fallback] = field(default_factory=dict)
 
 
