@@ -34,7 +34,7 @@ The names below are the package's API; code inside the package imports from the 
 from asyncrlhf.weights import channel, collective_member, shm_read, stream  # noqa: F401
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.codec import Snapshot, adapter_tensors, prepare
-from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import Encoding, PushOutcome, PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush
 from asyncrlhf.weights.server import serve
@@ -43,9 +43,11 @@ from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 __all__ = [
     "ClientAccess",
+    "Encoding",
     "ModuleTarget",
     "PushOutcome",
     "PushRejected",
+    "PushStatus",
     "PushTarget",
     "Reason",
     "Relay",
