@@ -237,9 +237,6 @@ class DataSource:
         self.incoming: Incoming | None = None
         self._ticket = b""
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return bool(header.data_ticket)
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> IncomingTensor:
         return IncomingTensor(self._incoming(header.data_ticket), header)
 
@@ -378,6 +375,7 @@ def _check_serving(listener: DataListener | None, access: ServerAccess) -> None:
 
 # A ticket whose connection never came is the receiver's view: keep off the channel for that generator. A
 # connection the pusher cannot make may heal (a restart): ask again at the next push.
-register(RouteSpec(Route.DATA, _sender, DataSource, preference=30, offer=_offer, check_serving=_check_serving,
+register(RouteSpec(Route.DATA, _sender, lambda header: bool(header.data_ticket), DataSource, preference=30,
+                   offer=_offer, check_serving=_check_serving,
                    fallbacks={Reason.CHANNEL_UNAVAILABLE: Fallback(avoid=True),
                               OSError: Fallback(avoid=False)}))

@@ -205,9 +205,6 @@ class CollectiveSource:
         self.member = member
         self.round: Round | None = None
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return header.HasField("collective")
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Payload:
         slot = header.collective
         if self.member is None:
@@ -297,7 +294,8 @@ def _offer(member: Member | None, status: pb.GetStatusReply) -> None:
 
 # One broadcast serves every member of a round: the version whole (`whole`). A round the receiver cannot take
 # part in, or a store the pusher cannot reach, may heal: ask again at the next push.
-register(RouteSpec(Route.COLLECTIVE, _sender, CollectiveSource, preference=10, offer=_offer, whole=True,
+register(RouteSpec(Route.COLLECTIVE, _sender, lambda header: header.HasField("collective"), CollectiveSource,
+                   preference=10, offer=_offer, whole=True,
                    by_config=True,
                    fallbacks={Reason.COLLECTIVE_UNAVAILABLE: Fallback(avoid=False),
                               OSError: Fallback(avoid=False)}))

@@ -225,13 +225,23 @@ def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]
         yield message if isinstance(message, tuple) else (message, memoryview(message.data))
 
 
-def _payloads(messages: Iterable[tuple[pb.WeightChunk, memoryview]], sources: Sequence[Source],
-              ) -> Iterator[tuple[pb.WeightChunk, Payload]]:
-    """Each message with its bytes, from the first source that claims it (the route of last resort claims
-    any)."""
-    for header, inline in messages:
-        source = next(s for s in sources if s.claims(header))
-        yield header, source.payload(header, inline)
+class _Sources:
+    """The sources of one push, each opened when a message first comes by its route (the first registered
+    route that claims it; the route of last resort claims any): a push opens its own route's alone."""
+
+    def __init__(self, stack: contextlib.ExitStack, ends: Mapping[Route, Any]):
+        self._stack, self._ends, self._specs = stack, ends, registered()
+        self._open: dict[Route, Source] = {}
+
+    def payloads(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]],
+                 ) -> Iterator[tuple[pb.WeightChunk, Payload]]:
+        for header, inline in messages:
+            spec = next(s for s in self._specs if s.claims(header))
+            source = self._open.get(spec.route)
+            if source is None:
+                source = self._stack.enter_context(spec.source(self._ends.get(spec.route)))
+                self._open[spec.route] = source
+            yield header, source.payload(header, inline)
 
 
 class WeightReceiver:
@@ -281,8 +291,7 @@ class WeightReceiver:
         """Consume one push of (header, inline bytes) pairs (see `decode_chunk`) or plain WeightChunks; raise
         `PushRejected` (old weights intact) or return once the new version is live."""
         with self._lock, contextlib.ExitStack() as stack:
-            sources = [stack.enter_context(spec.source(self.ends.get(spec.route))) for spec in registered()]
-            return self._receive(_payloads(_as_pairs(messages), sources))
+            return self._receive(_Sources(stack, self.ends).payloads(_as_pairs(messages)))
 
     def _receive(self, messages: Iterable[tuple[pb.WeightChunk, Payload]]) -> PushResult:
         if self.holds.held:  # a relay still reads the buffers of a version: stage into new ones

@@ -8,9 +8,10 @@ routes differ only in where the tensor bytes travel. Like veRL's checkpoint engi
 - learner end, a `Sender`: `accepts` a generator by its GetStatus, and `begin`s a `Transfer` of one version
   for the targets of one round (the version written or encoded once for all of them); the transfer's
   `send_weights` makes one target's PushWeights call.
-- generator end, a `Source`: `claims` the messages of its route and gives each its `Payload`, the tensor's
-  bytes wherever the route put them: `Bytes` the receiver copies, `InPlaceBytes` it verifies and adopts where
-  they lie, or `HeldBytes` another process holds and verifies at the commit.
+- generator end, a `Source`, opened for a push when a message its spec `claims` first comes: it gives each
+  message of its route its `Payload`, the tensor's bytes wherever the route put them: `Bytes` the receiver
+  copies, `InPlaceBytes` it verifies and adopts where they lie, or `HeldBytes` another process holds and
+  verifies at the commit.
 
 A new route is one module that registers a `RouteSpec`: its two ends, the generator's standing end (what
 GetStatus offers of it), and its rules (whole versions only, what a failure gives way to). The route contract
@@ -137,9 +138,6 @@ class Source(Protocol):
 
     route: Route
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        """Whether this message's bytes came by this route."""
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Payload:
         """The message's bytes (`inline`: those inside the gRPC message)."""
 
@@ -173,10 +171,11 @@ def _nothing(end: Any, *args: Any) -> None:
 class RouteSpec:
     """One route, as the pusher and the receiver use it.
 
-    `sender`: its learner end, or None where this process cannot take it. `source`: its generator end for
-    one push, given the generator's standing end of the route (None when it has none), as a context manager
-    around the push. `standing`: the standing end a receiver makes for itself when given none. `offer`: writes
-    into GetStatus what a sender's `accepts` reads. `check_serving`: raises ValueError where the standing end
+    `sender`: its learner end, or None where this process cannot take it. `claims`: whether a message's bytes
+    came by the route. `source`: its generator end for one push, given the generator's standing end of the
+    route (None when it has none), as a context manager around the rest of the push. `standing`: the
+    standing end a receiver makes for itself when given none. `offer`: writes into GetStatus what a sender's
+    `accepts` reads. `check_serving`: raises ValueError where the standing end
     must not serve beside the server's access. `whole`: a transfer serves every target of a round with one
     version (a delta goes to none of them). `one_transfer`: the sender holds one transfer a round.
     `fallbacks`: what each failure (the receiver's refusal, or the route's own connection: OSError) gives way
@@ -187,6 +186,7 @@ class RouteSpec:
 
     route: Route
     sender: Callable[[SenderSettings], Sender | None]
+    claims: Callable[[pb.WeightChunk], bool]
     source: Callable[[Any], AbstractContextManager[Source]]
     preference: int
     standing: Callable[[], Any] | None = None

@@ -158,9 +158,6 @@ class ShmSource:
         self.directory = self.maps.directory
         self.leases: dict[str, SegmentLease] = {}
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return bool(header.shm_segment)
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> InPlaceBytes:
         lease = self.leases.get(header.shm_segment)
         if lease is None:
@@ -206,6 +203,6 @@ def _offer(maps: SegmentMaps, status: pb.GetStatusReply) -> None:
 
 # The segment holds one version a round (`one_transfer`): when one same-host target needs the version whole,
 # every same-host target gets it whole.
-register(RouteSpec(Route.SHM, _sender, ShmSource, preference=20, standing=SegmentMaps, offer=_offer,
-                   one_transfer=True,
+register(RouteSpec(Route.SHM, _sender, lambda header: bool(header.shm_segment), ShmSource, preference=20,
+                   standing=SegmentMaps, offer=_offer, one_transfer=True,
                    fallbacks={Reason.SHM_UNAVAILABLE: Fallback(avoid=True)}))

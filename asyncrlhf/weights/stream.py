@@ -189,9 +189,6 @@ class StreamSource:
 
     route = Route.STREAM
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return True
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Inline:
         return Inline(inline)
 
@@ -204,4 +201,4 @@ def _source(end: None) -> nullcontext[StreamSource]:
     return nullcontext(StreamSource())
 
 
-register(RouteSpec(Route.STREAM, _sender, _source, preference=100))
+register(RouteSpec(Route.STREAM, _sender, lambda header: True, _source, preference=100))

@@ -72,9 +72,6 @@ class ToySource:
     def __init__(self, mailbox: Mailbox):
         self.mailbox = mailbox
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return not header.commit and self.mailbox.holds(header)
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Letter:
         return Letter(self.mailbox.take(header))
 
@@ -125,7 +122,8 @@ def _source(mailbox: Mailbox) -> nullcontext[ToySource]:
 @pytest.fixture
 def toy():
     """The toy route, registered for one test (preferred to every built-in route)."""
-    register(RouteSpec(TOY, _sender, _source, preference=0, standing=lambda: MAILBOX))
+    register(RouteSpec(TOY, _sender, lambda header: not header.commit and MAILBOX.holds(header), _source,
+                       preference=0, standing=lambda: MAILBOX))
     yield TOY
     unregister(TOY)
 
