@@ -207,6 +207,7 @@ def register(spec: RouteSpec) -> None:
 
 
 def unregister(route: Route) -> None:
+    """Pushers and receivers made from now on no longer use `route` (a route registered for a test)."""
     _REGISTRY.pop(route, None)
 
 
