@@ -149,8 +149,8 @@ def copy_hashed(dst: np.ndarray, src: memoryview | bytes, digest: xxhash.xxh3_64
 
 
 def encoded_chunks(push: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
-    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices, then the commit message.
-    Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
+    """The serialized tensor messages of one push: each tensor in `chunk_bytes` slices (the commit, each
+    target's own, follows: `commit_message`). Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
     hashed while it is in cache) and sent on its last slice; a tensor whose checksum is known already (a
     relay forwarding what it verified) sends that one, so its receivers check the learner's checksum."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
@@ -166,7 +166,6 @@ def encoded_chunks(push: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
             checksum = (t.checksum if digest is None else digest.intdigest()) if last else 0
             header = tensor_header(push.version, t, offset=offset, checksum=checksum)
             yield encode_chunk(header, piece)
-    yield commit_message(push).SerializeToString()
 
 
 def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_fanout: int = 0,
@@ -181,8 +180,10 @@ def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_
 
 
 def chunks(push: Snapshot, chunk_bytes: int) -> Iterator[pb.WeightChunk]:
-    """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
-    return (pb.WeightChunk.FromString(r) for r in encoded_chunks(push, chunk_bytes))
+    """The same push as WeightChunk messages, its commit last (for inspection and tests; the pusher sends
+    `encoded_chunks`)."""
+    yield from (pb.WeightChunk.FromString(r) for r in encoded_chunks(push, chunk_bytes))
+    yield commit_message(push)
 
 
 _DATA_FIELD = pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number
