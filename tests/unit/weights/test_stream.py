@@ -55,7 +55,7 @@ def test_a_reader_of_its_own_keeps_order_raises_encoder_errors_and_lets_chunks_g
     own = Encoded(tensors(), 64, depth=2, keep=False)
     try:
         assert list(own.reader()) == want
-        assert own._chunks == [None] * len(want)  # noqa: SLF001  # nothing kept once read
+        assert own._chunks == [None] * len(want)  # nothing kept once read
     finally:
         own.close()
     failing = Encoded(tensors(), 0, depth=2, keep=False)
@@ -71,7 +71,7 @@ def test_closing_stops_the_encoder_a_few_chunks_ahead():
     reader = own.reader()
     next(reader)
     time.sleep(0.2)
-    assert len(own._chunks) <= 3  # noqa: SLF001  # the encoder waits `depth` ahead of the reader
+    assert len(own._chunks) <= 3  # the encoder waits `depth` ahead of the reader
     own.close()  # what the transfer does once the call ended (gRPC cancelled it)
-    assert not own._encoder.is_alive()  # noqa: SLF001
+    assert not own._encoder.is_alive()
     assert list(reader) == []
