@@ -150,9 +150,10 @@ def copy_hashed(dst: np.ndarray, src: memoryview | bytes, digest: xxhash.xxh3_64
 
 def encoded_chunks(push: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
     """The serialized tensor messages of one push: each tensor in `chunk_bytes` slices (the commit, each
-    target's own, follows: `commit_message`). Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
-    hashed while it is in cache) and sent on its last slice; a tensor whose checksum is known already (a
-    relay forwarding what it verified) sends that one, so its receivers check the learner's checksum."""
+    target's own, follows: `commit_message`). Each tensor's checksum is computed while its slices are encoded
+    (one pass over the bytes, each slice hashed while it is in cache) and sent on its last slice; a tensor
+    whose checksum is known already (a relay forwarding what it verified) sends that one, so its receivers
+    check the learner's checksum."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
     for t in push.tensors:

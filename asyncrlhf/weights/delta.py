@@ -42,7 +42,8 @@ import xxhash
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import DELTA_INDEX_BYTES, TO_WIRE, Snapshot, WireTensor, verify
-from asyncrlhf.weights.routes import Lease, Payload
+from asyncrlhf.weights.leases import Staged
+from asyncrlhf.weights.routes import Payload
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 INDEX_DTYPE = torch.int32  # flat indices; tensors of 2**31 elements or more are sent whole
@@ -260,23 +261,6 @@ class DeltaStaging:
         return out.reshape(self.shape)
 
 
-class Kept(Protocol):
-    """A staged tensor of a committed push (`receiver.Staging`, `leases.InPlace`, `DeltaStaging`)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def lease(self) -> Lease | None:
-        """Not None: a segment's bytes."""
-
-    def staged(self) -> torch.Tensor:
-        """Its bytes (uint8, flat)."""
-
-
 class Pool(Protocol):
     """The receiver's staging buffers (`receiver.Buffers`)."""
 
@@ -311,7 +295,7 @@ class Bases:
                                                   f"in {wanted}: push the tensor whole")
         return kept.data
 
-    def keep(self, version: PolicyVersion, keep: bool, done: Sequence[Kept],
+    def keep(self, version: PolicyVersion, keep: bool, done: Sequence[Staged],
              replaced: Mapping[str, torch.Tensor], buffers: Pool) -> None:
         """After the commit of `version` (`replaced`: what the target adopted, `target.swap_in`): keep its
         tensors as the base (`keep`), or none."""

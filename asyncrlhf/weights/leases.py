@@ -81,8 +81,14 @@ class Staged(Protocol):
     def name(self) -> str: ...
 
     @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
     def lease(self) -> Lease | None:
-        """None: the bytes are the receiver's own."""
+        """None: the bytes are the receiver's own; else a segment's."""
+
+    def staged(self) -> torch.Tensor:
+        """Its bytes (uint8, flat)."""
 
 
 class Holds:
