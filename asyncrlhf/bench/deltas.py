@@ -29,7 +29,7 @@ from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.codec import PUSH_DTYPES
-from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import Encoding, PushOutcome, PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.vocabulary import Route
@@ -66,7 +66,7 @@ def _push(pusher: WeightPusher, weights: dict[str, torch.Tensor], step: int, add
     start = time.perf_counter()
     (outcome,) = pusher.push(weights, PolicyVersion(0, step), [PushTarget("bench", address)])
     elapsed = time.perf_counter() - start
-    if outcome.status != "ok":
+    if outcome.status != PushStatus.OK:
         raise RuntimeError(f"bench push failed: {outcome}")
     return outcome, elapsed
 
@@ -115,7 +115,7 @@ def measure(cfg: Config, steps: int) -> dict[str, Any]:
             order = [(by_delta, delta_at), (by_full, full_at)][::1 if step % 2 == 0 else -1]
             timed = {by is by_delta: _push(by, weights, version, address) for by, address in order}
             (delta, delta_s), (full, full_s) = timed[True], timed[False]
-            if delta.encoding != "delta" or full.encoding != "full":
+            if delta.encoding != Encoding.DELTA or full.encoding != Encoding.FULL:
                 raise RuntimeError(f"bench: expected a delta and a full push, got {delta}, {full}")
             per_step.append({"changed_fraction": changed, "delta_bytes": delta.bytes,
                              "full_bytes": full.bytes, "ratio": delta.bytes / full.bytes,

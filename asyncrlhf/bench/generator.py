@@ -52,7 +52,7 @@ from asyncrlhf.registry import Registry
 from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.streams import PROMPTS, REWARD_GROUP, ROLLOUTS, RunStreams, connect, run_key
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights import ClientAccess, PushTarget, WeightPusher
+from asyncrlhf.weights import ClientAccess, PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.codec import adapter_tensors
 
 TARGET_RATIO = 0.9
@@ -237,7 +237,7 @@ def _measure(cfg: Config, files: Sequence[str], overrides: Sequence[str], work: 
             raise RuntimeError("the generator service did not register")
         with WeightPusher(ClientAccess(cfg.run.token)) as pusher:
             (outcome,) = pusher.push(push_state(cfg, backend), PolicyVersion(0, 1), [service.target])
-        if outcome.status != "ok":
+        if outcome.status != PushStatus.OK:
             raise RuntimeError(f"could not push weights to the service: {outcome}")
         paired_run(streams, service, backend, prompts[: 2 * cfg.generator.batch_prompts], cfg)  # warm-up
         if work.api_requests:

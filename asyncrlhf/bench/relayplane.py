@@ -24,7 +24,7 @@ from asyncrlhf.bench.weightplane import TOKEN, Tensors, state_dict
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush, relay_pusher
 from asyncrlhf.weights.server import serve
@@ -38,7 +38,7 @@ def _receivers(params: int, count: int, conn) -> None:
     for _ in range(count):
         data = DataListener()  # as a generator: with a data channel
         receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
-                                  NO_VERSION, data)
+                                  NO_VERSION, data=data)
         relay = Relay(relay_pusher(ClientAccess(TOKEN), 4 << 20, timeout_s=600))
         server, port = serve(receiver, access=ServerAccess(TOKEN), relay=relay)
         running.append((server, relay, data, port))
@@ -97,7 +97,7 @@ def bench_relay(params: int, repeats: int, n: int = 16, fanout: int = 2, process
             start = time.time()
             push = pusher.prepare(state, PolicyVersion(0, version))
             outcomes = TreePush(pusher, push, fanout).run(targets)
-            bad = [o for o in outcomes if o.status != "ok"]
+            bad = [o for o in outcomes if o.status != PushStatus.OK]
             if bad:
                 raise RuntimeError(f"bench relay push failed: {bad[0]}")
             commits = [pusher.get_status(a).updated_at for a in addresses]

@@ -52,7 +52,7 @@ from asyncrlhf.weights.access import GRPC_OPTIONS, ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_member import CollectiveMember
 from asyncrlhf.weights.collective_sender import CollectiveSender
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.stream import StreamSender
@@ -113,7 +113,7 @@ def ours_push_gbps(
     start = time.perf_counter()
     (outcome,) = pusher.push(state, PolicyVersion(0, version), [PushTarget("bench", address)])
     elapsed = time.perf_counter() - start
-    if outcome.status != "ok":
+    if outcome.status != PushStatus.OK:
         raise RuntimeError(f"bench push failed: {outcome}")
     return outcome.bytes / elapsed / 1e9
 
@@ -169,7 +169,7 @@ def _receivers(params: int, conn) -> None:
     torch.set_num_threads(1)
     data, collective = DataListener(), CollectiveMember()
     receiver = WeightReceiver(Tensors({k: torch.zeros_like(v) for k, v in state_dict(params).items()}),
-                              NO_VERSION, data, collective)
+                              NO_VERSION, data=data, collective=collective)
     server, port = serve(receiver, access=ServerAccess("bench"))
     bare_server, bare_port = _bare_server()
     conn.send((port, bare_port))

@@ -21,7 +21,7 @@ import torch
 
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
-from asyncrlhf.weights.pusher import PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.target import swap_in
@@ -108,7 +108,7 @@ def _timed_push(pusher: WeightPusher, state, version: int, addresses) -> float:
     start = time.perf_counter()
     outcomes = pusher.push(state, PolicyVersion(0, version), targets)
     elapsed = time.perf_counter() - start
-    bad = [o for o in outcomes if o.status != "ok"]
+    bad = [o for o in outcomes if o.status != PushStatus.OK]
     if bad:
         raise RuntimeError(f"bench push failed: {bad[0]}")
     return elapsed

@@ -5,23 +5,36 @@ atomically. One module per concern:
     codec.py       the wire format: tensors <-> WeightChunk bytes, dtypes, XXH3-64, `Snapshot` (one version)
     target.py      `WeightTarget`, the one interface that applies weights
                    (`apply_weights(tensors, version: PolicyVersion, adopt=...)`), `ModuleTarget`, `swap_in`
-    access.py      token, TLS and channels: `ClientAccess` (pusher, relay), `ServerAccess` (server)
-    routes.py      one interface per end of a route: `Sender` (learner) and `Source` (generator); `Routes`,
-                   which route each generator gets, and `FALLBACKS`, what a failed route gives way to
-    stream.py      the gRPC byte stream route        channel.py  the data channel route
-    shm.py         the shared-memory route (learner) shm_read.py its generator end
-    receiver.py    stage, verify, atomic swap (`WeightReceiver`); staging.py, leases.py: its parts
+    access.py      token, TLS (the files of run.grpc_tls as credentials and ssl contexts) and channels:
+                   `ClientAccess` (pusher, relay), `ServerAccess` (server)
+    routes.py      one interface per end of a route: `Sender` (learner) and `Source` (generator); the registry
+                   of routes (`RouteSpec`: both ends, GetStatus offer, whole-only, fallbacks)
+    the routes, each registering itself where its two ends meet:
+      stream.py            the gRPC byte stream, the route of last resort
+      channel.py           the data channel
+      shm.py, shm_read.py  shared memory: learner end, generator end (registered there)
+      collective.py        a broadcast round, both ends' shared part; collective_sender.py the learner end,
+                           collective_member.py the generator end (registered there)
+      engine_member.py     the collective route received by an inference engine's worker; handoff.py,
+                           line.py: that worker's shared-memory handoff and its line to the generator
+    receiver.py    stage, verify, atomic swap (`WeightReceiver`); leases.py: bytes adopted in place
     server.py      the gRPC servicer (proto <-> receiver, refusals -> status codes in one place), `serve`
     pusher.py      the learner's side: probe -> route -> sender, to many servers at once
+    delta.py       delta pushes, both ends (entered only when learner.push_delta is on)
     relay.py       relays: the tree (`plan`), a generator forwarding what it committed (`Relay`), and the
                    learner following the tree and pushing around a failed relay (`TreePush`)
+
+One push on the plain path (the stream route, no delta, no relay) reads, in order:
+services/learner/sync.py -> pusher.py -> stream.py -> server.py -> receiver.py.
 
 The names below are the package's API; code inside the package imports from the owning module.
 """
 
+# The routes register themselves on import (`routes.register`): every user of the package has them.
+from asyncrlhf.weights import channel, collective_member, shm_read, stream  # noqa: F401
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.codec import Snapshot, adapter_tensors, prepare
-from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import Encoding, PushOutcome, PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush
 from asyncrlhf.weights.server import serve
@@ -30,9 +43,11 @@ from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 __all__ = [
     "ClientAccess",
+    "Encoding",
     "ModuleTarget",
     "PushOutcome",
     "PushRejected",
+    "PushStatus",
     "PushTarget",
     "Reason",
     "Relay",

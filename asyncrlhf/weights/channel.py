@@ -4,7 +4,8 @@ gRPC carries control (every tensor's name, shape and dtype, the version, the com
 carries the bytes, sent from the tensors' own memory and received into the receiver's staging buffers, each
 hashed block by block while it is in cache: no user-space copy on either side, where a gRPC byte stream
 copies each chunk into a message, into HTTP/2 frames and back out (`docs/weights.md`, "The data channel").
-`DataSender` is its learner end, `DataSource` its generator end.
+`DataSender` is its learner end, `DataSource` its generator end, `DataListener` the generator's standing
+end (the route is registered below).
 
 - **Opening**: the pusher draws a one-time ticket (`TICKET_BYTES` random bytes), connects to the receiver's
   data port (its GetStatus says which) and sends the ticket first; the same ticket rides on every tensor
@@ -18,9 +19,9 @@ copies each chunk into a message, into HTTP/2 frames and back out (`docs/weights
   hash `bad_checksum`, a ticket whose connection never comes `channel_unavailable` (the pusher then streams
   over gRPC): every one a refused push, the old version still serving.
 
-Beside a TLS WeightSync the channel is TLS too, from the same files (`tls.server_ssl_context`,
-`tls.client_ssl_context`: the generator's certificate, the client CA for mutual TLS): a TLS server refuses a
-plaintext channel, and a TLS pusher uses a data channel only with its `ssl` context.
+Beside a TLS WeightSync the channel is TLS too, from the same files (`access.server_ssl_context`,
+`access.client_ssl_context`: the generator's certificate, the client CA for mutual TLS): a TLS server refuses
+a plaintext channel, and a TLS pusher uses a data channel only with its `ssl` context.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.access import ClientAccess, PushCall
+from asyncrlhf.weights.access import ClientAccess, PushCall, ServerAccess
 from asyncrlhf.weights.codec import Snapshot, WireTensor, nbytes_of, tensor_header
-from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.routes import Fallback, RouteSpec, SenderSettings, register
 from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 log = logging.getLogger(__name__)
@@ -220,12 +221,6 @@ class IncomingTensor:
         written = memoryview(dst)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
         return self.incoming.receive_into(written, digest, self.name)
 
-    def lend(self) -> InPlaceBytes | None:
-        return None
-
-    def elsewhere(self) -> None:
-        return None
-
     def abort(self) -> None:
         self.incoming.abort()
 
@@ -241,9 +236,6 @@ class DataSource:
         self.listener = listener
         self.incoming: Incoming | None = None
         self._ticket = b""
-
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return bool(header.data_ticket)
 
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> IncomingTensor:
         return IncomingTensor(self._incoming(header.data_ticket), header)
@@ -365,3 +357,25 @@ class DataSender:
 
     def close(self) -> None:
         """Connections live as long as their push."""
+
+
+def _sender(settings: SenderSettings) -> DataSender | None:
+    return DataSender(settings.access, settings.timeout_s) if settings.access.data_channel_allowed else None
+
+
+def _offer(listener: DataListener | None, status: pb.GetStatusReply) -> None:
+    status.data_port = listener.port if listener is not None else 0
+
+
+def _check_serving(listener: DataListener | None, access: ServerAccess) -> None:
+    if listener is not None and access.credentials is not None and listener.tls is None:
+        raise ValueError("a plaintext weight data channel beside TLS credentials would bypass them: give the "
+                         "DataListener the server's ssl context (ServerAccess.data_tls)")
+
+
+# A ticket whose connection never came is the receiver's view: keep off the channel for that generator. A
+# connection the pusher cannot make may heal (a restart): ask again at the next push.
+register(RouteSpec(Route.DATA, _sender, lambda header: bool(header.data_ticket), DataSource, preference=30,
+                   offer=_offer, check_serving=_check_serving,
+                   fallbacks={Reason.CHANNEL_UNAVAILABLE: Fallback(avoid=True),
+                              OSError: Fallback(avoid=False)}))

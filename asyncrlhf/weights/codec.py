@@ -19,6 +19,7 @@ import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
+from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 MAX_MESSAGE_BYTES = 64 << 20  # the largest chunk a server accepts; push_chunk_bytes must stay below
 
@@ -123,6 +124,15 @@ def adapter_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return {name: t for name, t in state_dict.items() if "lora_" in name}
 
 
+def verify(name: str, filled: int, nbytes: int, digest: xxhash.xxh3_64, checksum: int | None) -> None:
+    """A staged tensor's bytes, all `nbytes` of them, hash to the `checksum` they came with."""
+    if filled != nbytes or checksum is None:
+        raise PushRejected(Reason.TRUNCATED, f"`{name}`: got {filled} of {nbytes} bytes")
+    got = digest.intdigest()
+    if got != checksum:
+        raise PushRejected(Reason.BAD_CHECKSUM, f"`{name}`: XXH3-64 {got:#018x}, expected {checksum:#018x}")
+
+
 HASH_BLOCK = 256 << 10  # copied then hashed while still in cache: one pass over memory, not two
 
 
@@ -139,10 +149,11 @@ def copy_hashed(dst: np.ndarray, src: memoryview | bytes, digest: xxhash.xxh3_64
 
 
 def encoded_chunks(push: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
-    """The serialized WeightChunks of one push: each tensor in `chunk_bytes` slices, then the commit message.
-    Each tensor's checksum is computed while its slices are encoded (one pass over the bytes, each slice
-    hashed while it is in cache) and sent on its last slice; a tensor whose checksum is known already (a
-    relay forwarding what it verified) sends that one, so its receivers check the learner's checksum."""
+    """The serialized tensor messages of one push: each tensor in `chunk_bytes` slices (the commit, each
+    target's own, follows: `commit_message`). Each tensor's checksum is computed while its slices are encoded
+    (one pass over the bytes, each slice hashed while it is in cache) and sent on its last slice; a tensor
+    whose checksum is known already (a relay forwarding what it verified) sends that one, so its receivers
+    check the learner's checksum."""
     if not 0 < chunk_bytes <= MAX_MESSAGE_BYTES:
         raise ValueError(f"chunk_bytes must be in (0, {MAX_MESSAGE_BYTES}], got {chunk_bytes}")
     for t in push.tensors:
@@ -156,7 +167,6 @@ def encoded_chunks(push: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
             checksum = (t.checksum if digest is None else digest.intdigest()) if last else 0
             header = tensor_header(push.version, t, offset=offset, checksum=checksum)
             yield encode_chunk(header, piece)
-    yield commit_message(push).SerializeToString()
 
 
 def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_fanout: int = 0,
@@ -171,8 +181,10 @@ def commit_message(push: Snapshot, relay: Sequence[tuple[str, str]] = (), relay_
 
 
 def chunks(push: Snapshot, chunk_bytes: int) -> Iterator[pb.WeightChunk]:
-    """The same push as WeightChunk messages (for inspection and tests; the pusher sends `encoded_chunks`)."""
-    return (pb.WeightChunk.FromString(r) for r in encoded_chunks(push, chunk_bytes))
+    """The same push as WeightChunk messages, its commit last (for inspection and tests; the pusher sends
+    `encoded_chunks`)."""
+    yield from (pb.WeightChunk.FromString(r) for r in encoded_chunks(push, chunk_bytes))
+    yield commit_message(push)
 
 
 _DATA_FIELD = pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number

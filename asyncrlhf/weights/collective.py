@@ -37,7 +37,8 @@ from __future__ import annotations
 import datetime
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ GLOO, NCCL = "gloo", "nccl"
 JOIN_TIMEOUT_S = 10.0  # every member of a round says it is here within this long, or the round is abandoned
 GO, ABANDONED = "1", "0"  # the learner's verdict on a round (the store gives it back as bytes)
 IN_FLIGHT = 2  # buckets in flight at once: one packed (or read) while the other is broadcast
+KEPT_GROUPS = 2  # groups kept built: the live generators', and a late joiner's own catch-up push
 # What makes an NCCL weight group's errors raise (see the module). ProcessGroupNCCL reads both in its
 # constructor, for that group alone, so they are set only while one is built: DeepSpeed's groups in the
 # learner and vLLM's in an engine keep torch's defaults. Blocking waits start no watchdog; clean-up-only
@@ -68,8 +70,6 @@ class Plan:
 
     @classmethod
     def of(cls, tensors: Sequence[WireTensor], bucket_bytes: int) -> Plan:
-        if bucket_bytes <= 0:
-            raise ValueError(f"collective bucket_bytes must be > 0, got {bucket_bytes}")
         sizes: list[int] = []
         places: list[tuple[int, int]] = []
         for t in tensors:
@@ -164,3 +164,59 @@ def broadcast(group, bucket: torch.Tensor):
     options = c10d.BroadcastOptions()
     options.rootRank = 0
     return group.broadcast([bucket], options)
+
+
+class Group:
+    """One weight group at either end: its keys on the learner's `store`, this end's rank, and its process
+    group once built. `rounds`: the rounds the learner began on it."""
+
+    def __init__(self, store: Store, group_id: bytes, rank: int, world_size: int, backend: str,
+                 timeout_s: float):
+        self.id, self.keys = group_id, group_store(store, group_id)
+        self.rank, self.world_size = rank, world_size
+        self.backend, self.timeout_s = backend, timeout_s
+        self.rounds = 0
+        self.process_group = None
+
+    def built(self):
+        if self.process_group is None:
+            self.process_group = process_group(self.backend, self.keys, self.rank, self.world_size,
+                                               self.timeout_s)
+        return self.process_group
+
+
+class Kept:
+    """The groups an end keeps built, by key, the last `KEPT_GROUPS` used, and its `IN_FLIGHT` bucket buffers
+    (one round at a time uses them)."""
+
+    def __init__(self) -> None:
+        self._groups: OrderedDict[Hashable, Group] = OrderedDict()
+        self._ring: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def group(self, key: Hashable, build: Callable[[], Group]) -> Group:
+        """The kept group of `key`, else a new one from `build` (the oldest kept is let go)."""
+        with self._lock:
+            if key not in self._groups:
+                self._groups[key] = build()
+            self._groups.move_to_end(key)
+            while len(self._groups) > KEPT_GROUPS:
+                self._groups.popitem(last=False)
+            return self._groups[key]
+
+    def drop(self, key: Hashable, group: Group) -> None:
+        """Let `group` go (an op of it failed): its connections close, so its peers' ops fail at once."""
+        group.process_group = None
+        with self._lock:
+            if self._groups.get(key) is group:
+                del self._groups[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._groups.clear()
+
+    def ring(self, nbytes: int, device: torch.device) -> list[torch.Tensor]:
+        """`IN_FLIGHT` bucket buffers of at least `nbytes` on `device`."""
+        if not self._ring or self._ring[0].numel() < nbytes or self._ring[0].device != device:
+            self._ring = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(IN_FLIGHT)]
+        return self._ring

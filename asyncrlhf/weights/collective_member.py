@@ -10,6 +10,7 @@ buffers), draining the rest once the receiver stops reading.
 `CollectiveSource` is the route's `Source` for one push: each tensor's `InBucket` payload checks its bucket's
 XXH3-64, computed on the bucket as received (in host memory; after a copy from the GPU with NCCL), against
 the learner's, then copies the tensor's bytes into staging, hashing them there (the per-tensor checksum).
+The route is registered at the end of this module, with its learner end (`collective_sender.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from __future__ import annotations
 import datetime
 import functools
 import threading
-from collections import OrderedDict
 from typing import Protocol
 
 import numpy as np
-import torch
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
@@ -30,19 +29,18 @@ from asyncrlhf.weights.collective import (
     GO,
     IN_FLIGHT,
     JOIN_TIMEOUT_S,
+    Group,
+    Kept,
     backends_of,
     broadcast,
     device_of,
     go_key,
-    group_store,
     here_key,
-    process_group,
     store_client,
 )
-from asyncrlhf.weights.routes import InPlaceBytes, Payload
+from asyncrlhf.weights.collective_sender import CollectiveSender
+from asyncrlhf.weights.routes import Fallback, Payload, RouteSpec, SenderSettings, register
 from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
-
-KEPT_GROUPS = 2
 
 
 class Round(Protocol):
@@ -67,27 +65,10 @@ class Member(Protocol):
     def close(self) -> None: ...
 
 
-class MemberGroup:
-    """One weight group as a member sees it: the learner's store, its rank, and its process group once
-    built."""
-
-    def __init__(self, slot: pb.CollectiveSlot):
-        self.id, self.rank, self.world_size = slot.group, slot.rank, slot.world_size
-        self.backend, self.timeout_s = slot.backend, slot.timeout_ms / 1000
-        self.keys = group_store(store_client(slot.store, min(JOIN_TIMEOUT_S, self.timeout_s)), slot.group)
-        self.process_group = None
-
-    def built(self):
-        if self.process_group is None:
-            self.process_group = process_group(self.backend, self.keys, self.rank, self.world_size,
-                                               self.timeout_s)
-        return self.process_group
-
-
 class MemberRound:
     """One round's buckets as received by this member, on a thread of its own (see the module)."""
 
-    def __init__(self, member: CollectiveMember, slot: pb.CollectiveSlot, group: MemberGroup,
+    def __init__(self, member: CollectiveMember, slot: pb.CollectiveSlot, group: Group,
                  previous: MemberRound | None):
         self.member, self.slot, self.group, self.sizes = member, slot, group, tuple(slot.bucket_bytes)
         self._previous = previous
@@ -111,13 +92,13 @@ class MemberRound:
                 self._previous = None
             self._receive(group)
         except (RuntimeError, OSError, ValueError) as err:  # the learner went away, a peer died, a timeout
-            self.member.drop(group)
+            self.member.groups.drop(group.id, group)
             self._fail(f"the broadcast failed: {err}")
 
-    def _receive(self, group: MemberGroup) -> None:
+    def _receive(self, group: Group) -> None:
         process_group = group.built()
         device = device_of(group.backend, self.member.device)
-        ring = self.member.ring(max(self.sizes, default=0), device)
+        ring = self.member.groups.ring(max(self.sizes, default=0), device)
         for k, size in enumerate(self.sizes):
             with self._cond:
                 self._cond.wait_for(functools.partial(self._room_for, k))
@@ -189,12 +170,6 @@ class InBucket:
                                f"learner packed {self.where.bucket_checksum:#018x}")
         copy_hashed(dst, memoryview(bucket[offset:offset + self.nbytes]), digest)  # type: ignore[arg-type]
 
-    def lend(self) -> InPlaceBytes | None:
-        return None
-
-    def elsewhere(self) -> None:
-        return None
-
     def abort(self) -> None:
         self.round.close()
 
@@ -208,9 +183,6 @@ class CollectiveSource:
     def __init__(self, member: Member | None):
         self.member = member
         self.round: Round | None = None
-
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return header.HasField("collective")
 
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Payload:
         slot = header.collective
@@ -238,9 +210,8 @@ class CollectiveMember:
     def __init__(self, device: str = "cpu"):
         self.device = device
         self.backends = backends_of(device)
-        self._groups: OrderedDict[bytes, MemberGroup] = OrderedDict()
+        self.groups = Kept()  # by id
         self._last: MemberRound | None = None
-        self._ring: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
     def round(self, slot: pb.CollectiveSlot) -> MemberRound:
@@ -258,30 +229,38 @@ class CollectiveMember:
             self._last = MemberRound(self, slot, group, self._last)
             return self._last
 
-    def group(self, slot: pb.CollectiveSlot) -> MemberGroup:
-        with self._lock:
-            if slot.group not in self._groups:
-                self._groups[slot.group] = MemberGroup(slot)
-                while len(self._groups) > KEPT_GROUPS:
-                    self._groups.popitem(last=False)
-            return self._groups[slot.group]
-
-    def drop(self, group: MemberGroup) -> None:
-        group.process_group = None
-        with self._lock:
-            if self._groups.get(group.id) is group:
-                del self._groups[group.id]
-
-    def ring(self, nbytes: int, device: torch.device) -> list[torch.Tensor]:
-        """`IN_FLIGHT` bucket buffers of at least `nbytes` on `device`, kept across rounds (one at a time)."""
-        if not self._ring or self._ring[0].numel() < nbytes or self._ring[0].device != device:
-            self._ring = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(IN_FLIGHT)]
-        return self._ring
+    def group(self, slot: pb.CollectiveSlot) -> Group:
+        """The group `slot` names: the learner's store, this member's rank."""
+        timeout_s = slot.timeout_ms / 1000
+        return self.groups.group(slot.group, lambda: Group(
+            store_client(slot.store, min(JOIN_TIMEOUT_S, timeout_s)), slot.group, slot.rank, slot.world_size,
+            slot.backend, timeout_s))
 
     def close(self) -> None:
         """Leave every group (their connections close: the learner's ops with this member fail at once)."""
+        self.groups.clear()
         with self._lock:
-            self._groups.clear()
             last, self._last = self._last, None
         if last is not None:
             last.close()
+
+
+def _sender(settings: SenderSettings) -> CollectiveSender | None:
+    """With learner.collective, the route the learner prefers."""
+    if settings.cfg is None or not settings.cfg.learner.collective:
+        return None
+    return CollectiveSender.from_config(settings.cfg, settings.access)
+
+
+def _offer(member: Member | None, status: pb.GetStatusReply) -> None:
+    if member is not None:
+        status.collective_backends.extend(member.backends)
+
+
+# One broadcast serves every member of a round: the version whole (`whole`). A round the receiver cannot take
+# part in, or a store the pusher cannot reach, may heal: ask again at the next push.
+register(RouteSpec(Route.COLLECTIVE, _sender, lambda header: header.HasField("collective"), CollectiveSource,
+                   preference=10, offer=_offer, whole=True,
+                   by_config=True,
+                   fallbacks={Reason.COLLECTIVE_UNAVAILABLE: Fallback(avoid=False),
+                              OSError: Fallback(avoid=False)}))

@@ -18,7 +18,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 
 import grpc
@@ -35,19 +35,18 @@ from asyncrlhf.weights.collective import (
     GO,
     IN_FLIGHT,
     JOIN_TIMEOUT_S,
+    Group,
+    Kept,
     Plan,
     broadcast,
     device_of,
     go_key,
-    group_store,
     here_key,
-    process_group,
     resolved,
 )
 from asyncrlhf.weights.vocabulary import Route
 
 log = logging.getLogger(__name__)
-KEPT_GROUPS = 2  # groups kept built: the live generators', and a late joiner's own catch-up push
 EXCLUDED_S = 30.0  # a generator that missed a round or did not answer gets another route this long
 HASH_BLOCK = 1 << 20
 POLL_S = 0.002
@@ -85,44 +84,6 @@ class Checksums:
             return self._buckets[k]
 
 
-class LearnerGroup:
-    """The learner's side of one weight group: its members (rank i + 1 is `members[i]`), its keys on the
-    store, and its process group once built."""
-
-    def __init__(self, sender: CollectiveSender, members: tuple[str, ...], backend: str):
-        self.members, self.backend, self.sender = members, backend, sender
-        self.id = secrets.token_bytes(8)
-        self.keys = group_store(sender.store(), self.id)
-        self.rounds = 0
-        self.process_group = None
-
-    def slot(self, address: str, round_id: int, sizes: tuple[int, ...]) -> pb.CollectiveSlot:
-        return pb.CollectiveSlot(
-            store=self.sender.store_address, group=self.id, rank=self.members.index(address) + 1,
-            world_size=len(self.members) + 1, backend=self.backend,
-            timeout_ms=int(self.sender.timeout_s * 1000), round=round_id, bucket_bytes=sizes)
-
-    def missing(self, round_id: int, ended: set[str]) -> list[str]:
-        """Wait until every member said it is here for `round_id`; the members that did not (their call
-        `ended` first, or `JOIN_TIMEOUT_S` passed)."""
-        deadline = time.monotonic() + min(JOIN_TIMEOUT_S, self.sender.timeout_s)
-        waiting = dict(enumerate(self.members, start=1))
-        while waiting:
-            for rank in [r for r in waiting if self.keys.check([here_key(round_id, r)])]:
-                del waiting[rank]
-            gone = [a for a in waiting.values() if a in ended]
-            if gone or time.monotonic() > deadline:
-                return gone or list(waiting.values())
-            time.sleep(POLL_S)
-        return []
-
-    def built(self):
-        if self.process_group is None:
-            self.process_group = process_group(self.backend, self.keys, 0, len(self.members) + 1,
-                                               self.sender.timeout_s)
-        return self.process_group
-
-
 class CollectiveTransfer:
     """One version broadcast to the targets of one round; the sender's round lock is held until `close`."""
 
@@ -133,7 +94,8 @@ class CollectiveTransfer:
         self._arrived: list[str] = []
         self._ended: set[str] = set()
         self._cond = threading.Condition()
-        self._group: LearnerGroup | None = None
+        self._group: Group | None = None
+        self._members: tuple[str, ...] = ()  # the group's: rank i + 1 is `_members[i]`
         self._round = 0
         self._failed = "" if targets > 0 else "the round counts no targets"
         self._thread: threading.Thread | None = None
@@ -159,10 +121,14 @@ class CollectiveTransfer:
                 self._start()
             self._cond.notify_all()
             formed = self._cond.wait_for(self._formed, JOIN_TIMEOUT_S)
-            if self._failed or not formed or self._group is None or address not in self._group.members:
+            if self._failed or not formed or self._group is None or address not in self._members:
                 why = self._failed or "the round's other targets never came"
                 raise OSError(f"no collective round for {address}: {why}")
-            return self._group.slot(address, self._round, self.plan.sizes)
+            return pb.CollectiveSlot(
+                store=self.sender.store_address, group=self._group.id,
+                rank=self._members.index(address) + 1, world_size=self._group.world_size,
+                backend=self._group.backend, timeout_ms=int(self.sender.timeout_s * 1000), round=self._round,
+                bucket_bytes=self.plan.sizes)
 
     def _formed(self) -> bool:
         return self._group is not None or self._failed != ""
@@ -170,7 +136,8 @@ class CollectiveTransfer:
     def _start(self) -> None:
         """Every target arrived (under the lock): the round's group (built anew if its members are new)."""
         try:
-            group = self._group = self.sender.group(tuple(sorted(self._arrived)))
+            self._members = tuple(sorted(self._arrived))
+            group = self._group = self.sender.group(self._members)
         except (RuntimeError, OSError) as err:  # the store could not be served
             self._failed = str(err)
             return
@@ -189,8 +156,23 @@ class CollectiveTransfer:
             header = tensor_header(self.push.version, t, checksum=self.sums.tensors[i], collective=where)
             yield header.SerializeToString()
 
-    def _broadcast(self, group: LearnerGroup, round_id: int) -> None:
-        missing = group.missing(round_id, self._ended)
+    def _missing(self, group: Group, round_id: int) -> list[str]:
+        """Wait until every member said it is here for `round_id`; the members that did not (their call
+        ended first, or `JOIN_TIMEOUT_S` passed)."""
+        deadline = time.monotonic() + min(JOIN_TIMEOUT_S, self.sender.timeout_s)
+        waiting = dict(enumerate(self._members, start=1))
+        while waiting:
+            for rank in [r for r in waiting if group.keys.check([here_key(round_id, r)])]:
+                del waiting[rank]
+            with self._cond:
+                gone = [a for a in waiting.values() if a in self._ended]
+            if gone or time.monotonic() > deadline:
+                return gone or list(waiting.values())
+            time.sleep(POLL_S)
+        return []
+
+    def _broadcast(self, group: Group, round_id: int) -> None:
+        missing = self._missing(group, round_id)
         if missing:
             group.keys.set(go_key(round_id), ABANDONED)
             self.sender.exclude(missing)
@@ -202,11 +184,11 @@ class CollectiveTransfer:
             self._send_buckets(group.built(), group.backend)
         except RuntimeError as err:  # a member died or timed out: gloo closed the group's pairs
             log.warning("collective round %d failed (%s): the group is dropped and rebuilt", round_id, err)
-            self.sender.drop(group)
+            self.sender.groups.drop(self._members, group)
 
     def _send_buckets(self, process_group, backend: str) -> None:
         device = device_of(backend, self.sender.device)
-        ring = self.sender.ring(max(self.plan.sizes, default=0))
+        ring = self.sender.groups.ring(max(self.plan.sizes, default=0), torch.device("cpu"))
         works: deque = deque()
         for k, size in enumerate(self.plan.sizes):
             if len(works) == IN_FLIGHT:
@@ -253,9 +235,8 @@ class CollectiveSender:
         self.round_lock = threading.Lock()  # one round at a time: the groups are shared
         self._offered: dict[str, tuple[str, ...]] = {}
         self._excluded: dict[str, float] = {}  # address -> time.monotonic() until which it is left out
-        self._groups: OrderedDict[tuple[str, ...], LearnerGroup] = OrderedDict()
+        self.groups = Kept()  # by members
         self._store: TCPStore | None = None
-        self._ring: list[torch.Tensor] = []
 
     @classmethod
     def from_config(cls, cfg, access: ClientAccess) -> CollectiveSender:
@@ -287,28 +268,14 @@ class CollectiveSender:
         until = time.monotonic() + EXCLUDED_S
         self._excluded.update(dict.fromkeys(addresses, until))
 
-    def group(self, members: tuple[str, ...]) -> LearnerGroup:
-        """The kept group of exactly `members`, else a new one (the oldest kept is let go)."""
-        if members in self._groups:
-            self._groups.move_to_end(members)
-            return self._groups[members]
+    def group(self, members: tuple[str, ...]) -> Group:
+        """The kept group of exactly `members`, else a new one."""
+        return self.groups.group(members, lambda: self._new_group(members))
+
+    def _new_group(self, members: tuple[str, ...]) -> Group:
         nccl = self.device.startswith("cuda") and all("nccl" in self._offered.get(a, ()) for a in members)
-        group = self._groups[members] = LearnerGroup(self, members, "nccl" if nccl else "gloo")
-        while len(self._groups) > KEPT_GROUPS:
-            self._groups.popitem(last=False)
-        return group
-
-    def drop(self, group: LearnerGroup) -> None:
-        """Let `group` go (an op of it failed): its connections close, so its members' ops fail at once."""
-        group.process_group = None
-        if self._groups.get(group.members) is group:
-            del self._groups[group.members]
-
-    def ring(self, nbytes: int) -> list[torch.Tensor]:
-        """`IN_FLIGHT` host buffers of at least `nbytes`, kept across rounds."""
-        if not self._ring or self._ring[0].numel() < nbytes:
-            self._ring = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(IN_FLIGHT)]
-        return self._ring
+        return Group(self.store(), secrets.token_bytes(8), 0, len(members) + 1, "nccl" if nccl else "gloo",
+                     self.timeout_s)
 
     def begin(self, push: Snapshot, targets: int) -> CollectiveTransfer:
         self.round_lock.acquire()
@@ -319,5 +286,5 @@ class CollectiveSender:
             raise
 
     def close(self) -> None:
-        self._groups.clear()
+        self.groups.clear()
         self._store = None

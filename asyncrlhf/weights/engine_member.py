@@ -15,7 +15,7 @@ Two halves, one per process:
   not verified, and a refused push leaves the old version serving.
 - `EngineMember`, in the generator, in place of a `CollectiveMember`: `round(slot)` sends the slot to the
   worker and returns once the worker has said it is here. The receiver checks each tensor message as on
-  every route (name, shape, dtype, order, version, token) and stages a placeholder (`staging.Elsewhere`,
+  every route (name, shape, dtype, order, version, token) and stages a placeholder (`receiver.Elsewhere`,
   describing each tensor to the round). At the commit the receiver first waits, on the control line, until
   the worker has staged every bucket (`EngineRound.arrived`), and only then hands the push to the target,
   whose `apply_weights` takes the generator's engine (paused, in continuous mode) and asks the worker to
@@ -52,7 +52,7 @@ from asyncrlhf.weights.codec import FROM_WIRE, nbytes_of
 from asyncrlhf.weights.collective import JOIN_TIMEOUT_S
 from asyncrlhf.weights.collective_member import CollectiveMember, MemberRound
 from asyncrlhf.weights.line import LINE_S, Line, listener
-from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.routes import HeldBytes
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 log = logging.getLogger(__name__)
@@ -246,25 +246,6 @@ class WorkerRounds:
         self.member.close()
 
 
-class InEngine:
-    """One tensor's bytes as the engine's worker received them (a `Payload` whose bytes stay there)."""
-
-    def __init__(self, round_: EngineRound, header: pb.WeightChunk):
-        self.round, self.nbytes = round_, nbytes_of(header)
-
-    def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> int | None:
-        raise PushRejected(Reason.COLLECTIVE_UNAVAILABLE, "the engine's worker holds this tensor's bytes")
-
-    def lend(self) -> InPlaceBytes | None:
-        return None
-
-    def elsewhere(self) -> EngineRound:
-        return self.round
-
-    def abort(self) -> None:
-        """Nothing to stop: the worker receives the round whatever this push does."""
-
-
 class EngineRound:
     """A round as the generator sees it when its engine's worker receives the bytes: the tensors' places."""
 
@@ -277,8 +258,9 @@ class EngineRound:
         generator takes its engine, so the engine is paused for the load alone, not for the broadcast."""
         self.member.ask(ARRIVED, self.slot, self.slot.timeout_ms / 1000 + TAKE_MARGIN_S + LINE_S)
 
-    def payload(self, header: pb.WeightChunk) -> InEngine:
-        return InEngine(self, header)
+    def payload(self, header: pb.WeightChunk) -> HeldBytes:
+        """The tensor's bytes, which stay with the worker."""
+        return HeldBytes(nbytes_of(header), self)
 
     def describe(self, header: pb.WeightChunk) -> None:
         where = header.collective

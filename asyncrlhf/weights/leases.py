@@ -1,59 +1,101 @@
-"""What a receiver keeps past a push: the staging buffers the next byte push is copied into, the leases on
-segment bytes its live tensors view, and the bytes a relay still reads (`hold`).
-
-While a relay forwards the committed version (the receiver is held), its bytes must stay as committed: a
-next push stages into fresh buffers, and the leases of the version go back only once the relay is done.
+"""Bytes a receiver adopts where they lie (a same-host segment's): each tensor verified in place (`InPlace`),
+and the leases on those bytes kept past a push (`Holds`): while live tensors view them, and while a relay
+forwards the committed version (the receiver is held: `hold`), whose bytes must stay as committed.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import torch
+import xxhash
 
-from asyncrlhf.weights.routes import Lease
-from asyncrlhf.weights.shm_read import SegmentMaps, ShmSource
-from asyncrlhf.weights.staging import InPlace, Staging
+from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.weights.codec import FROM_WIRE, TO_WIRE, WireTensor, verify
+from asyncrlhf.weights.routes import InPlaceBytes, Lease, Payload
+from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 
-class Buffers:
-    """Staging buffers by tensor name, kept between pushes (a second copy of the pushed tensors in CPU
-    memory), so a push does not pay for fresh allocations; `worker` copies and hashes, in order."""
+class InPlace:
+    """One tensor verified where it lies: a view of its bytes (in a same-host segment, read-locked by its
+    `Lease`: the pusher cannot rewrite them while this receiver holds it), its pages mapped in and hashed on
+    `worker`. The staged tensor is that view: no copy. `receiver.Staging`'s interface. Read through a mapping
+    kept from an earlier version, bytes that fail the checksum are read once more through a fresh mapping (a
+    page of the kept one may hold this process's own write)."""
 
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
+    def __init__(self, header: pb.WeightChunk, nbytes: int, lent: InPlaceBytes, worker: ThreadPoolExecutor):
+        self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
+        self.nbytes, self._worker = nbytes, worker
+        self.lease: Lease = lent.lease  # held while live tensors view the bytes
+        self.filled, self.digest = 0, xxhash.xxh3_64()
+        self.checksum: int | None = None
+        self._data, self._start = lent.view, lent.start
+        self._pending: Future | None = None
 
-    def get(self, name: str, nbytes: int) -> torch.Tensor:
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() != nbytes:
-            buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
-        return buffer
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        if self.filled or not isinstance(payload, InPlaceBytes) or payload.nbytes != self.nbytes:
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: a tensor adopted in place is one message "
+                                                  f"naming all its {self.nbytes} bytes")
+        self.filled, self.checksum = len(self._data), header.checksum
+        self._pending = self._worker.submit(self._hash)
 
-    def reuse(self, name: str, storage: torch.Tensor) -> None:
-        """Stage the next push of `name` into `storage` (what the model let go of)."""
-        self._buffers[name] = storage.detach().reshape(-1).view(torch.uint8)
+    def _hash(self) -> None:
+        self.lease.populate(self._start, len(self._data))
+        self.digest.update(self._data)
+        if self.lease.reused and self.digest.intdigest() != self.checksum:
+            self._data = self.lease.refreshed(self._start, len(self._data))
+            self.digest = xxhash.xxh3_64(self._data)
 
-    def drop(self, name: str) -> None:
-        self._buffers.pop(name, None)
+    def wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
 
-    def renew(self) -> None:
-        """Stage the next pushes into new buffers (a relay still reads these)."""
-        self._buffers = {}
+    def abort(self) -> None:
+        """Nothing to stop: the hash reads bytes that are there."""
 
-    def storages(self) -> list[torch.Tensor]:
-        return list(self._buffers.values())
+    def tensor(self) -> torch.Tensor:
+        if not self.nbytes:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(self._data, dtype=torch.uint8).view(self.dtype).reshape(self.shape)
+
+    def staged(self) -> torch.Tensor:
+        return self.tensor().reshape(-1).view(torch.uint8)
+
+    def wire(self) -> WireTensor:
+        tensor = self.tensor()
+        return WireTensor(self.name, TO_WIRE[self.dtype], self.shape, self._data, tensor, self.checksum)
+
+    def finish(self) -> torch.Tensor:
+        self.wait()
+        verify(self.name, self.filled, self.nbytes, self.digest, self.checksum)
+        return self.tensor()
+
+
+class Staged(Protocol):
+    """A staged tensor of a committed push (`receiver.Staging`, `InPlace`, `delta.DeltaStaging`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def lease(self) -> Lease | None:
+        """None: the bytes are the receiver's own; else a segment's."""
+
+    def staged(self) -> torch.Tensor:
+        """Its bytes (uint8, flat)."""
 
 
 class Holds:
-    """The segment leases live tensors view (`backing`, by tensor name), the mappings of the segments
-    (`maps`, kept across pushes), and the relays reading the committed version (`hold`/`release`): a lease
-    no live tensor needs goes back once no relay holds the receiver."""
+    """The leases live tensors view (by tensor name) and the relays reading the committed version
+    (`hold`/`release`): a lease no live tensor needs goes back once no relay holds the receiver."""
 
     def __init__(self) -> None:
-        self.maps = SegmentMaps()
         self._backing: dict[str, Lease] = {}  # live tensor name -> the lease its storage views
         self._unheld: list[Lease] = []  # leases no live tensor needs, released once no relay holds them
         self._holds = 0
@@ -63,6 +105,11 @@ class Holds:
     def held(self) -> bool:
         with self._lock:
             return self._holds > 0
+
+    @property
+    def leasing(self) -> bool:
+        """Whether a live tensor views leased bytes."""
+        return bool(self._backing)
 
     def hold(self) -> None:
         with self._lock:
@@ -75,34 +122,30 @@ class Holds:
         for lease in unheld:
             lease.release()
 
-    def prune(self) -> None:
-        """Drop the mappings of segments that nothing keeps and whose pusher removed them."""
-        self.maps.prune(lease.name for lease in (*self._backing.values(), *self._unheld))
-
-    def rebind(self, replaced: Mapping[str, torch.Tensor], done: Sequence[Staging | InPlace],
-               segments: ShmSource, buffers: Buffers) -> None:
-        """After a swap: stage the next byte push into the storage the model let go of (never into a view of
-        a segment), and keep exactly the segment leases whose bytes live tensors still view."""
+    def rebind(self, replaced: Mapping[str, torch.Tensor], done: Sequence[Staged]) -> set[str]:
+        """After a swap: keep exactly the leases whose bytes live tensors now view (`replaced`: the tensors
+        the target adopted); the names whose replaced storage viewed leased bytes (not the receiver's own to
+        stage into)."""
         before = {id(lease): lease for lease in self._backing.values()}
+        viewed = set()
         for s in done:
             if s.name not in replaced:
                 continue  # copied into the live storage, which keeps whatever backs it
             previous = self._backing.pop(s.name, None)
+            if previous is not None:
+                viewed.add(s.name)
             if s.lease is not None:
                 self._backing[s.name] = s.lease
-                segments.keep(s.lease)
-            if previous is None:  # the replaced storage is the receiver's own: reuse it
-                buffers.reuse(s.name, replaced[s.name])
-            elif s.lease is None:  # its buffer is live now, and the replaced one viewed a segment
-                buffers.drop(s.name)
+                s.lease.keep()
         kept = {id(lease) for lease in self._backing.values()}
         self._release_when_unheld([lease for key, lease in before.items() if key not in kept])
         with self._lock:
             if self._holds:  # a relay reads this version's bytes: the push's other leases stay until it ends
-                for lease in segments.leases.values():
-                    if id(lease) not in kept:
-                        segments.keep(lease)
-                        self._unheld.append(lease)
+                pushed = {id(s.lease): s.lease for s in done if s.lease is not None}
+                for lease in [lease for key, lease in pushed.items() if key not in kept]:
+                    lease.keep()
+                    self._unheld.append(lease)
+        return viewed
 
     def _release_when_unheld(self, leases: Iterable[Lease]) -> None:
         with self._lock:

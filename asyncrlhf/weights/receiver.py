@@ -1,12 +1,15 @@
 """The receiving side of a push: stage, verify, atomic swap.
 
-A `WeightReceiver` takes one push at a time. It reads each message's bytes through the `Source` of the route
-that carried them (`routes.py`: shared memory, data channel, or the gRPC stream itself), stages and verifies
-every tensor against the live model (`WeightTarget.named_tensors`: name, shape, dtype) and its checksum, and
-only on the commit message hands the complete set to `WeightTarget.apply_weights` with the `PolicyVersion`
-it verified: the atomic swap. Any problem raises `PushRejected` before anything live is touched, so the
-target keeps serving its previous version bit for bit. Nothing read from the wire is unpickled: tensors are
-raw bytes viewed with a known dtype.
+A `WeightReceiver` takes one push at a time. It reads each message's bytes through the `Source` of the
+registered route that carried them (`routes.py`), stages and verifies every tensor against the live model
+(`WeightTarget.named_tensors`: name, shape, dtype) and its checksum, and only on the commit message hands the
+complete set to `WeightTarget.apply_weights` with the `PolicyVersion` it verified: the atomic swap. Any
+problem raises `PushRejected` before anything live is touched, so the target keeps serving its previous
+version bit for bit. Nothing read from the wire is unpickled: tensors are raw bytes viewed with a known dtype.
+
+Bytes to copy are staged here (`Staging`, into `Buffers` kept between pushes); bytes adopted where they lie
+(a same-host segment) are `leases.InPlace`; bytes another process holds stage a placeholder (`Elsewhere`); a
+delta is `delta.DeltaStaging`, entered only by a push that sends one.
 """
 
 from __future__ import annotations
@@ -15,23 +18,30 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.channel import DataListener, DataSource
-from asyncrlhf.weights.codec import FROM_WIRE, Snapshot, version_of
-from asyncrlhf.weights.collective_member import CollectiveSource, Member
-from asyncrlhf.weights.delta_receive import Bases, DeltaStaging
-from asyncrlhf.weights.leases import Buffers, Holds
-from asyncrlhf.weights.routes import Payload, Source
-from asyncrlhf.weights.shm_read import ShmSource
-from asyncrlhf.weights.staging import Elsewhere, InPlace, Staging
-from asyncrlhf.weights.stream import StreamSource
+from asyncrlhf.weights.codec import (
+    FROM_WIRE,
+    TO_WIRE,
+    Snapshot,
+    WireTensor,
+    copy_hashed,
+    nbytes_of,
+    verify,
+    version_of,
+)
+from asyncrlhf.weights.delta import Bases, DeltaStaging
+from asyncrlhf.weights.leases import Holds, InPlace
+from asyncrlhf.weights.routes import HeldBytes, Holder, InPlaceBytes, Payload, Source, registered
 from asyncrlhf.weights.target import WeightTarget
-from asyncrlhf.weights.vocabulary import PushRejected, Reason
+from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 NO_VERSION = PolicyVersion(0, 0)  # a generator after a start: nothing pushed yet
 
@@ -87,34 +97,178 @@ class VersionOrder:
         self.served, self.updated_at = version, time.time()
 
 
+class Staging:
+    """One tensor being received: a byte buffer filled in order, with a running checksum. Offsets are
+    checked at once; the copy and the checksum run on `worker` (one thread, so in order) while the gRPC
+    thread waits for the next message. `wait` before reading the buffer or reusing it."""
+
+    lease = None  # the bytes are the receiver's own
+
+    def __init__(self, header: pb.WeightChunk, buffer: torch.Tensor, worker: ThreadPoolExecutor):
+        self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
+        self.buffer, self._view, self._worker = buffer, buffer.numpy(), worker
+        self.nbytes, self.filled, self.digest = buffer.numel(), 0, xxhash.xxh3_64()
+        self.checksum: int | None = None
+        self._pending: Future | None = None
+        self._payload: Payload | None = None
+
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        end = self.filled + payload.nbytes
+        if header.offset != self.filled or end > self.nbytes or isinstance(payload, HeldBytes):
+            where = (f"bytes at {header.offset} (+{payload.nbytes}) after {self.filled} of {self.nbytes} "
+                     "bytes")
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: {where}; send a tensor's bytes in order, "
+                                                  "by one route")
+        if end == self.nbytes:
+            self.checksum = header.checksum  # unless the payload carries its own
+        self._payload = payload
+        self._pending = self._worker.submit(self._absorb, self.filled, end, payload)
+        self.filled = end
+
+    def _absorb(self, start: int, end: int, payload: Payload) -> None:
+        if isinstance(payload, InPlaceBytes):  # a delta's bytes in a segment: copied, not adopted
+            copy_hashed(self._view[start:end], payload.view, self.digest)
+        elif not isinstance(payload, HeldBytes):  # (refused by `add`)
+            carried = payload.copy_into(self._view[start:end], self.digest)
+            if carried is not None:
+                self.checksum = carried
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+
+    def abort(self) -> None:
+        """The push is refused: stop a copy in progress (`wait` then returns soon)."""
+        if self._payload is not None and not isinstance(self._payload, InPlaceBytes | HeldBytes):
+            self._payload.abort()
+
+    def staged(self) -> torch.Tensor:
+        return self.buffer
+
+    def wire(self) -> WireTensor:
+        """The verified tensor as it came over the wire, with its checksum (after `finish`)."""
+        data = memoryview(self._view)  # type: ignore[arg-type]  # numpy's stub: an ndarray is a buffer
+        return WireTensor(self.name, TO_WIRE[self.dtype], self.shape, data, self.buffer, self.checksum)
+
+    def finish(self) -> torch.Tensor:
+        self.wait()
+        verify(self.name, self.filled, self.nbytes, self.digest, self.checksum)
+        return self.buffer.view(self.dtype).reshape(self.shape)
+
+
+class Elsewhere:
+    """One tensor whose bytes stay in a process that verifies them at the commit (an inference engine's
+    worker: `engine_member.py`). The receiver checks its message as any other (name, shape, dtype, offset,
+    one message for the whole tensor) and stages a placeholder, a meta tensor of the tensor's shape and
+    dtype, which the target turns into the verified tensor or refuses. No bytes here: neither a delta's base
+    nor a relay's to forward."""
+
+    lease = None
+
+    def __init__(self, header: pb.WeightChunk, nbytes: int, holder: Holder):
+        self.name, self.dtype, self.shape = header.name, FROM_WIRE[header.dtype], tuple(header.shape)
+        self.nbytes, self.holder, self.added = nbytes, holder, False
+
+    def add(self, header: pb.WeightChunk, payload: Payload) -> None:
+        if self.added or not isinstance(payload, HeldBytes) or payload.nbytes != self.nbytes or header.offset:
+            raise PushRejected(Reason.BAD_OFFSET, f"`{self.name}`: a tensor held elsewhere is one message "
+                                                  f"naming all its {self.nbytes} bytes")
+        self.holder.describe(header)
+        self.added = True
+
+    def wait(self) -> None:
+        """Nothing to wait for: no bytes are copied here."""
+
+    def abort(self) -> None:
+        """Nothing to stop."""
+
+    def finish(self) -> torch.Tensor:
+        if not self.added:
+            raise PushRejected(Reason.TRUNCATED, f"`{self.name}`: got none of its {self.nbytes} bytes")
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+Stage = Staging | InPlace | DeltaStaging | Elsewhere
+
+
+class Buffers:
+    """Staging buffers by tensor name, kept between pushes (a second copy of the pushed tensors in CPU
+    memory), so a push does not pay for fresh allocations; `worker` copies and hashes, in order."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-stage")
+
+    def get(self, name: str, nbytes: int) -> torch.Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() != nbytes:
+            buffer = self._buffers[name] = torch.empty(nbytes, dtype=torch.uint8)
+        return buffer
+
+    def reuse(self, name: str, storage: torch.Tensor) -> None:
+        """Stage the next push of `name` into `storage` (what the model let go of)."""
+        self._buffers[name] = storage.detach().reshape(-1).view(torch.uint8)
+
+    def drop(self, name: str) -> None:
+        self._buffers.pop(name, None)
+
+    def renew(self) -> None:
+        """Stage the next pushes into new buffers (a relay still reads these)."""
+        self._buffers = {}
+
+    def storages(self) -> list[torch.Tensor]:
+        return list(self._buffers.values())
+
+
 def _as_pairs(messages: Iterable) -> Iterator[tuple[pb.WeightChunk, memoryview]]:
     for message in messages:
         yield message if isinstance(message, tuple) else (message, memoryview(message.data))
 
 
-def _payloads(messages: Iterable[tuple[pb.WeightChunk, memoryview]], sources: Sequence[Source],
-              ) -> Iterator[tuple[pb.WeightChunk, Payload]]:
-    """Each message with its bytes, from the first source that claims it (the stream claims any)."""
-    for header, inline in messages:
-        source = next(s for s in sources if s.claims(header))
-        yield header, source.payload(header, inline)
+class _Sources:
+    """The sources of one push, each opened when a message first comes by its route (the first registered
+    route that claims it; the route of last resort claims any): a push opens its own route's alone."""
+
+    def __init__(self, stack: contextlib.ExitStack, ends: Mapping[Route, Any]):
+        self._stack, self._ends, self._specs = stack, ends, registered()
+        self._open: dict[Route, Source] = {}
+
+    def payloads(self, messages: Iterable[tuple[pb.WeightChunk, memoryview]],
+                 ) -> Iterator[tuple[pb.WeightChunk, Payload]]:
+        for header, inline in messages:
+            spec = next(s for s in self._specs if s.claims(header))
+            source = self._open.get(spec.route)
+            if source is None:
+                source = self._stack.enter_context(spec.source(self._ends.get(spec.route)))
+                self._open[spec.route] = source
+            yield header, source.payload(header, inline)
 
 
 class WeightReceiver:
-    """Stages pushes and applies each atomically on commit; pushes are handled one at a time. `data`: the
-    data channel pushes may send their bytes over (`channel.DataListener`); `collective`: the weight groups
-    pushes may broadcast their bytes to (`collective_member.CollectiveMember`; `engine_member.EngineMember`
-    when an inference engine's worker receives them). Byte pushes are staged into `Buffers` kept between
-    pushes; same-host pushes are verified and adopted where they lie, the segment leases kept by `Holds` for
-    as long as a live tensor views them or a relay reads them."""
+    """Stages pushes and applies each atomically on commit; pushes are handled one at a time. `ends`: the
+    generator's standing end of a route, by the route's name (`data`: a `channel.DataListener`;
+    `collective`: the weight groups it joins, `collective_member.CollectiveMember`, or
+    `engine_member.EngineMember` when an inference engine's worker receives them); a route with a `standing`
+    end of its own gets one made here. Byte pushes are staged into `Buffers` kept between pushes; same-host
+    pushes are verified and adopted where they lie, the leases kept by `Holds` for as long as a live tensor
+    views them or a relay reads them."""
 
-    def __init__(self, target: WeightTarget, version: PolicyVersion = NO_VERSION,
-                 data: DataListener | None = None, collective: Member | None = None):
-        self.target, self.data, self.collective = target, data, collective
+    def __init__(self, target: WeightTarget, version: PolicyVersion = NO_VERSION, **ends: Any):
+        self.target = target
+        self.ends: dict[Route, Any] = {Route(name): end for name, end in ends.items() if end is not None}
+        routes = {spec.route: spec for spec in registered()}
+        unknown = set(self.ends) - set(routes)
+        if unknown:
+            names = ", ".join(sorted(r.value for r in unknown))
+            raise ValueError(f"no route named {names} is registered; the routes are: "
+                             f"{', '.join(r.value for r in routes)}")
+        for spec in routes.values():
+            if spec.standing is not None and spec.route not in self.ends:
+                self.ends[spec.route] = spec.standing()
         self.order = VersionOrder(version)
         self.buffers = Buffers()
         self.holds = Holds()
-        self.bases = Bases()  # the version served, kept when its push asked: what a delta applies onto
+        self.bases: Bases | None = None  # the version served, kept when its push asked: a delta's base
         self._lock = threading.Lock()
 
     @property
@@ -136,23 +290,16 @@ class WeightReceiver:
     def receive(self, messages: Iterable[tuple[pb.WeightChunk, memoryview] | pb.WeightChunk]) -> PushResult:
         """Consume one push of (header, inline bytes) pairs (see `decode_chunk`) or plain WeightChunks; raise
         `PushRejected` (old weights intact) or return once the new version is live."""
-        with self._lock:
-            try:
-                with ShmSource(self.holds.maps) as segments, DataSource(self.data) as data, \
-                        CollectiveSource(self.collective) as collective:
-                    sources = (segments, data, collective, StreamSource())
-                    return self._receive(_payloads(_as_pairs(messages), sources), segments)
-            finally:
-                self.holds.prune()
+        with self._lock, contextlib.ExitStack() as stack:
+            return self._receive(_Sources(stack, self.ends).payloads(_as_pairs(messages)))
 
-    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, Payload]], segments: ShmSource,
-                 ) -> PushResult:
+    def _receive(self, messages: Iterable[tuple[pb.WeightChunk, Payload]]) -> PushResult:
         if self.holds.held:  # a relay still reads the buffers of a version: stage into new ones
             self.buffers.renew()
         live = self.target.named_tensors()
         staged: dict[str, torch.Tensor] = {}
-        done: list[Staging | InPlace | Elsewhere] = []
-        current: Staging | InPlace | Elsewhere | None = None
+        done: list[Stage] = []
+        current: Stage | None = None
         version: PolicyVersion | None = None
         received = 0
         try:
@@ -163,7 +310,7 @@ class WeightReceiver:
                     done.append(current)
                     current = None
                 if header.commit:
-                    return self._commit(header, version, staged, received, done, segments)
+                    return self._commit(header, version, staged, received, done)
                 if current is None:
                     current = self._start(header, payload, live, staged)
                 current.add(header, payload)
@@ -180,7 +327,7 @@ class WeightReceiver:
         raise PushRejected(Reason.TRUNCATED, f"the stream ended before the commit message{where}")
 
     def _start(self, header: pb.WeightChunk, payload: Payload, live: Mapping[str, torch.Tensor],
-               staged: Mapping) -> Staging | InPlace | Elsewhere:
+               staged: Mapping) -> Stage:
         name = header.name
         if name not in live:
             raise PushRejected(Reason.UNKNOWN_TENSOR, f"`{name}` is not a tensor of this model")
@@ -197,18 +344,17 @@ class WeightReceiver:
                                f"`{name}`: pushed {pb.DType.Name(header.dtype)}, live {target.dtype}")
         nbytes = target.numel() * wire.itemsize
         if header.HasField("delta"):
-            base = self.bases.base(header, wire, nbytes)
-            return DeltaStaging(header, base, self.buffers.get(name, nbytes), self.buffers.worker)
-        holder = payload.elsewhere()
-        if holder is not None:
-            return Elsewhere(header, nbytes, holder)
-        lent = payload.lend()
-        if lent is not None:
-            return InPlace(header, nbytes, lent, self.buffers.worker)
+            base = (self.bases or Bases()).base(header, wire, nbytes)
+            delta = Staging(header, torch.empty(nbytes_of(header), dtype=torch.uint8), self.buffers.worker)
+            return DeltaStaging(header, delta, base, self.buffers.get(name, nbytes))
+        if isinstance(payload, HeldBytes):
+            return Elsewhere(header, nbytes, payload.holder)
+        if isinstance(payload, InPlaceBytes):
+            return InPlace(header, nbytes, payload, self.buffers.worker)
         return Staging(header, self.buffers.get(name, nbytes), self.buffers.worker)
 
     def _commit(self, header: pb.WeightChunk, version: PolicyVersion, staged: dict[str, torch.Tensor],
-                received: int, done: list[Staging | InPlace | Elsewhere], segments: ShmSource) -> PushResult:
+                received: int, done: list[Stage]) -> PushResult:
         if header.tensor_count != len(staged):
             raise PushRejected(Reason.TENSOR_COUNT,
                                f"commit says {header.tensor_count} tensors, received {len(staged)}")
@@ -223,9 +369,27 @@ class WeightReceiver:
         start = time.perf_counter()
         replaced = self.target.apply_weights(staged, version, adopt=True) or {}
         here = [s for s in done if not isinstance(s, Elsewhere)]
-        self.holds.rebind(replaced, here, segments, self.buffers)
-        # bytes held elsewhere (an engine's worker) are neither a delta's base nor a relay's to forward
-        self.bases.keep(version, header.keep_base and len(here) == len(done), here, replaced, self.buffers)
+        self._rebuffer(replaced, here)
+        if header.keep_base or self.bases is not None:  # a delta push, or the first push after one
+            self.bases = self.bases or Bases()
+            # bytes held elsewhere (an engine's worker) are neither a delta's base nor a relay's to forward
+            keep = header.keep_base and len(here) == len(done)
+            self.bases.keep(version, keep, here, replaced, self.buffers)
+            self.bases = self.bases if self.bases.version is not None else None
         self.order.serve(version)
         snapshot = Snapshot(version, tuple(s.wire() for s in here), header.partial)
         return PushResult(snapshot, received, time.perf_counter() - start, len(done))
+
+    def _rebuffer(self, replaced: Mapping[str, torch.Tensor],
+                  here: Sequence[Staging | InPlace | DeltaStaging]) -> None:
+        """After a swap: stage the next push of each replaced tensor into the storage the model let go of,
+        unless that storage viewed a segment (`Holds.rebind`: the leases live tensors view)."""
+        leased = self.holds.leasing or any(s.lease is not None for s in here)
+        viewed = self.holds.rebind(replaced, here) if leased else set()
+        for s in here:
+            if s.name not in replaced:
+                continue  # copied into the live storage, which keeps whatever backs it
+            if s.name not in viewed:  # the replaced storage is the receiver's own: reuse it
+                self.buffers.reuse(s.name, replaced[s.name])
+            elif s.lease is None:  # its buffer is live now, and the replaced one viewed a segment
+                self.buffers.drop(s.name)

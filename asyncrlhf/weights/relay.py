@@ -39,7 +39,7 @@ from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
 from asyncrlhf.weights.codec import Snapshot
-from asyncrlhf.weights.pusher import PushOutcome, PushTarget, RelayPlan, WeightPusher
+from asyncrlhf.weights.pusher import PushOutcome, PushStatus, PushTarget, RelayPlan, WeightPusher
 from asyncrlhf.weights.receiver import PushResult
 from asyncrlhf.weights.routes import Unreachable
 from asyncrlhf.weights.vocabulary import Reason, Route
@@ -122,7 +122,7 @@ class Relay:
             roots = [root for root, _ in branches]
             outcomes = self.pusher.send(push, roots, RelayPlan(dict(branches), fanout))
             for o in outcomes:
-                if o.status != "ok":
+                if o.status != PushStatus.OK:
                     log.warning("relay of version %s to %s (%s) %s: %s %s; the learner pushes to it directly",
                                 push.version, o.target.id, o.target.address, o.status, o.code, o.detail)
         except Exception:
@@ -212,14 +212,15 @@ class TreePush:
 
     def _relayed(self, target: PushTarget) -> PushOutcome:
         parent = self._parent(target)
-        return PushOutcome(target, "ok", "OK", "", self.push.version, time.perf_counter() - self._start, 0,
-                           parent.id if parent is not None else "", route=Route.RELAY)
+        return PushOutcome(target, PushStatus.OK, grpc.StatusCode.OK, "", self.push.version,
+                           time.perf_counter() - self._start, 0, parent.id if parent is not None else "",
+                           route=Route.RELAY)
 
     def _follow(self, pool: ThreadPoolExecutor, order: Sequence[PushTarget]) -> bool:
         """One round of GetStatus over the frontier: the pending targets whose parent committed, and those
         parents. Pushes directly to those that their parent will not serve; whether any target resolved."""
         before = len(self.pending)
-        committed = {t for t, o in self.outcomes.items() if o.status == "ok"}
+        committed = {t for t, o in self.outcomes.items() if o.status == PushStatus.OK}
         failed = set(self.outcomes) - committed
         orphans = {t for t in self.pending if self._parent(t) in failed}  # their relay never started
         frontier = [t for t in self.pending if self._parent(t) in committed]

@@ -35,7 +35,7 @@ from asyncrlhf.service import is_loopback
 from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS, SERVICE, ServerAccess
 from asyncrlhf.weights.codec import decode_chunk
 from asyncrlhf.weights.receiver import WeightReceiver
-from asyncrlhf.weights.shm import shm_host
+from asyncrlhf.weights.routes import registered
 from asyncrlhf.weights.vocabulary import REASON_KEY, PushRejected, Reason
 
 if TYPE_CHECKING:
@@ -128,12 +128,13 @@ class WeightSyncServicer(pb_grpc.WeightSyncServicer):
             self.relay.abandon()
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusReply:
-        status, data, collective = self.receiver.status(), self.receiver.data, self.receiver.collective
-        return pb.GetStatusReply(version=status.version.step, updated_at=status.updated_at,
-                                 tensor_count=status.tensor_count, lineage=status.version.lineage,
-                                 shm_host=shm_host(), relaying=self.relay is not None and self.relay.relaying,
-                                 data_port=data.port if data is not None else 0,
-                                 collective_backends=collective.backends if collective is not None else ())
+        status = self.receiver.status()
+        reply = pb.GetStatusReply(version=status.version.step, updated_at=status.updated_at,
+                                  tensor_count=status.tensor_count, lineage=status.version.lineage,
+                                  relaying=self.relay is not None and self.relay.relaying)
+        for spec in registered():  # what each route's sender reads to accept this generator
+            spec.offer(self.receiver.ends.get(spec.route), reply)
+        return reply
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
@@ -169,14 +170,12 @@ def serve(receiver: WeightReceiver, host: str = "127.0.0.1", port: int = 0,
           access: ServerAccess | None = None, *, relay: Relay | None = None, max_workers: int = 4,
           ) -> tuple[grpc.Server, int]:
     """Start a WeightSync server for `receiver` with `access` (token, TLS); returns the server and its port.
-    With `relay` it forwards the versions whose pushes ask for it; the receiver's data channel, if any, is
-    offered in GetStatus (beside TLS only a TLS one, which it would otherwise bypass). The caller closes
-    both."""
+    With `relay` it forwards the versions whose pushes ask for it; the receiver's ends of its routes are
+    offered in GetStatus (each route checks that its end may serve beside `access`: a data channel beside TLS
+    only a TLS one, which it would otherwise bypass). The caller closes both."""
     access = access or ServerAccess()
-    data = receiver.data
-    if data is not None and access.credentials is not None and data.tls is None:
-        raise ValueError("a plaintext weight data channel beside TLS credentials would bypass them: give the "
-                         "DataListener the server's ssl context (ServerAccess.data_tls)")
+    for spec in registered():
+        spec.check_serving(receiver.ends.get(spec.route), access)
     if access.token is None and not access.allow_insecure_bind and not is_loopback(host):
         raise ValueError(f"refusing to serve WeightSync on {host} without a token: set run.token (or "
                          "ASYNCRLHF_TOKEN), bind 127.0.0.1, or set run.allow_insecure_bind=true")

@@ -1,6 +1,6 @@
-"""The shared-memory route (`Route.SHM`), generator end (`shm.py` has the learner's and the design): the
-segments a push names, opened, locked tensor by tensor and seen through mappings kept across pushes, their
-bytes lent to the receiver to verify and adopt in place.
+"""The shared-memory route (`Route.SHM`), generator end (`shm.py` has the learner's and the design), and the
+route's registration: the segments a push names, opened, locked tensor by tensor and seen through mappings
+kept across pushes, their bytes lent to the receiver to verify and adopt in place.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
-import xxhash
-
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.codec import copy_hashed, nbytes_of
-from asyncrlhf.weights.routes import InPlaceBytes, Lease
-from asyncrlhf.weights.shm import SEGMENT_NAME, SHM_DIR, range_lock
+from asyncrlhf.weights.codec import nbytes_of
+from asyncrlhf.weights.routes import Fallback, InPlaceBytes, RouteSpec, SenderSettings, register
+from asyncrlhf.weights.shm import SEGMENT_NAME, SHM_DIR, ShmSender, range_lock, shm_host
 from asyncrlhf.weights.vocabulary import PushRejected, Reason, Route
 
 _PAGE = mmap.PAGESIZE
@@ -35,11 +32,13 @@ class SegmentMaps:
     read through a reused mapping that fails its checksum is read again through a fresh one (`fresh`). Each
     mapping is made from an open file description of its own that is never locked: a mapping keeps its
     description open, so a lock taken on it would outlive the lease (`SegmentLease`). A mapping whose file was
-    removed (the pusher trimmed or closed the segment) is dropped at the next push (`prune`)."""
+    removed (the pusher trimmed or closed the segment) is dropped at the end of a push once no lease holds it
+(`prune`)."""
 
     def __init__(self, directory: Path = SHM_DIR):
         self.directory = directory
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}  # name -> (inode, mapping)
+        self.leases: weakref.WeakSet[SegmentLease] = weakref.WeakSet()  # those not yet released
 
     def mapping(self, name: str, fd: int) -> tuple[mmap.mmap, bool]:
         """The mapping of the file open at `fd` (named `name`) and whether it was reused."""
@@ -65,9 +64,9 @@ class SegmentMaps:
         self._maps[name] = (st.st_ino, mapping)
         return mapping
 
-    def prune(self, in_use: Iterable[str]) -> None:
-        """Drop the mappings of segments not `in_use` whose file is gone or replaced."""
-        used = set(in_use)
+    def prune(self, in_use: Iterable[str] = ()) -> None:
+        """Drop the mappings of segments not `in_use`, nor held by a lease, whose file is gone or replaced."""
+        used = {*in_use, *(lease.name for lease in self.leases)}
         for name, (ino, _) in list(self._maps.items()):
             if name in used:
                 continue
@@ -106,6 +105,8 @@ class SegmentLease:
         self._mapped_in = self.reused
         self.view = memoryview(self._mapping)
         self._close = weakref.finalize(self, os.close, fd)  # a lease dropped unreleased closes its file
+        self.kept = False  # held past the push it was opened for
+        maps.leases.add(self)
 
     def refreshed(self, start: int, n: int) -> memoryview:
         """Bytes [start, start + n) through a fresh mapping (the reused one's pages may hold our own
@@ -137,33 +138,18 @@ class SegmentLease:
             except OSError:  # an older kernel: the pages fault in as they are read
                 pass
 
+    def keep(self) -> None:
+        self.kept = True
+
     def release(self) -> None:
         self._close()  # closing the file drops every lock of this lease; the mapping stays with `maps`
-
-
-class Mapped:
-    """One tensor's bytes in a segment (a `Payload`), lent to the receiver to verify and adopt in place."""
-
-    def __init__(self, lent: InPlaceBytes):
-        self.lent, self.nbytes = lent, len(lent.view)
-
-    def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> None:
-        copy_hashed(dst, self.lent.view, digest)
-
-    def lend(self) -> InPlaceBytes:
-        return self.lent
-
-    def elsewhere(self) -> None:
-        return None
-
-    def abort(self) -> None:
-        """Nothing to stop: the bytes are in the segment."""
+        self._maps.leases.discard(self)
 
 
 class ShmSource:
     """The generator end of `Route.SHM` for one push: opens the segments its messages name (leases) and
     lends each tensor's locked bytes. Use as a context manager around the push; on exit, every lease not
-    `keep`-ed is released. `maps`: the receiver's mappings, kept across pushes."""
+    kept (`SegmentLease.keep`) is released. `maps`: the receiver's mappings, kept across pushes."""
 
     route = Route.SHM
 
@@ -171,20 +157,12 @@ class ShmSource:
         self.maps = maps if maps is not None else SegmentMaps()
         self.directory = self.maps.directory
         self.leases: dict[str, SegmentLease] = {}
-        self._kept: set[int] = set()
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return bool(header.shm_segment)
-
-    def payload(self, header: pb.WeightChunk, inline: memoryview) -> Mapped:
+    def payload(self, header: pb.WeightChunk, inline: memoryview) -> InPlaceBytes:
         lease = self.leases.get(header.shm_segment)
         if lease is None:
             lease = self.leases[header.shm_segment] = self._open(header.shm_segment)
-        return Mapped(InPlaceBytes(lease.take(header), header.shm_offset, lease))
-
-    def keep(self, lease: Lease) -> None:
-        """The caller holds `lease` from now on (its live tensors view the segment) and releases it."""
-        self._kept.add(id(lease))
+        return InPlaceBytes(lease.take(header), header.shm_offset, lease)
 
     def _open(self, name: str) -> SegmentLease:
         if not SEGMENT_NAME.match(name):
@@ -209,6 +187,22 @@ class ShmSource:
 
     def __exit__(self, *exc: object) -> None:
         for lease in self.leases.values():
-            if id(lease) not in self._kept:
+            if not lease.kept:
                 lease.release()
         self.leases.clear()
+        self.maps.prune()
+
+
+def _sender(settings: SenderSettings) -> ShmSender | None:
+    return ShmSender(settings.timeout_s) if shm_host() else None
+
+
+def _offer(maps: SegmentMaps, status: pb.GetStatusReply) -> None:
+    status.shm_host = shm_host()
+
+
+# The segment holds one version a round (`one_transfer`): when one same-host target needs the version whole,
+# every same-host target gets it whole.
+register(RouteSpec(Route.SHM, _sender, lambda header: bool(header.shm_segment), ShmSource, preference=20,
+                   standing=SegmentMaps, offer=_offer, one_transfer=True,
+                   fallbacks={Reason.SHM_UNAVAILABLE: Fallback(avoid=True)}))

@@ -1,22 +1,24 @@
 """The gRPC byte stream route (`Route.STREAM`): tensor bytes inside the PushWeights messages, the route every
 generator can take and the one the others fall back to.
 
-`StreamSender` encodes a version once for every streamed target of a round: `EncodedOnce` runs
-`codec.encoded_chunks` (slices, checksums computed while encoding) in one background thread and keeps the
-serialized chunks for the length of the push; each target's gRPC call reads them with its own cursor
-(`reader`), so N targets cost one encoding, and a slow or dead target never holds up the others (the encoder
-runs ahead of the fastest reader by `depth` chunks, not of the slowest). The price is one encoded copy of the
-push in memory until the push ends; a push to a single target streams through `prefetched` instead, two
-chunks ahead. `StreamSource` hands the receiver each message's bytes as a view of the received buffer
-(`Inline`).
+`Encoded` runs `codec.encoded_chunks` (slices, checksums computed while encoding) in a background thread,
+`depth` chunks ahead of the fastest reader, so that encoding the next chunk overlaps gRPC sending this one;
+each target's call reads the chunks with its own cursor (`reader`), then sends its own commit (which may
+carry its part of a relay tree). A version streamed to several targets of a round is encoded once for all of
+them (`StreamTransfer`) and its chunks are kept for the length of the push, so N targets cost one encoding
+and a slow or dead target never holds up the others; the price is one encoded copy of the push in memory
+until the push ends. A single target (or one that fell back to the stream) gets an encoding of its own whose
+chunks are let go as it reads them. `StreamSource` hands the receiver each message's bytes as a view of the
+received buffer (`Inline`).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Iterator
-from queue import Full, Queue
+from contextlib import nullcontext
 
 import numpy as np
 import xxhash
@@ -24,65 +26,24 @@ import xxhash
 from asyncrlhf._proto import weights_pb2 as pb
 from asyncrlhf.weights.access import PushCall
 from asyncrlhf.weights.codec import Snapshot, copy_hashed, encoded_chunks
-from asyncrlhf.weights.routes import InPlaceBytes
+from asyncrlhf.weights.routes import RouteSpec, SenderSettings, register
 from asyncrlhf.weights.vocabulary import Route
 
 
-def prefetched(items: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
-    """`items`, produced up to `depth` ahead by a background thread, so that encoding the next chunk overlaps
-    gRPC sending this one. Closing the iterator (gRPC cancels the call) stops the producer."""
-    queue: Queue = Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
+class Encoded:
+    """The tensor messages of one push, encoded ahead of their readers (see the module); `keep`: every reader
+    starts from the first chunk (else one reader, and each chunk is let go once read)."""
 
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        queue.put(item, timeout=0.1)
-                        break
-                    except Full:
-                        continue
-                if stop.is_set():
-                    return
-            queue.put(done)
-        except BaseException as err:  # handed to the consumer, raised there
-            queue.put(err)
-
-    producer = threading.Thread(target=produce, name="weight-encode", daemon=True)
-    producer.start()
-    try:
-        while (item := queue.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-
-
-def with_commit(requests: Iterator[bytes], commit: bytes) -> Iterator[bytes]:
-    """`requests` with its last message (the commit) replaced by `commit`: one target's own commit (its relay
-    plan) after the chunks every target shares."""
-    held: bytes | None = None
-    for request in requests:
-        if held is not None:
-            yield held
-        held = request
-    yield commit
-
-
-class EncodedOnce:
-    def __init__(self, push: Snapshot, chunk_bytes: int, depth: int = 4):
+    def __init__(self, push: Snapshot, chunk_bytes: int, depth: int, keep: bool):
         self._source = encoded_chunks(push, chunk_bytes)
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | None] = []
         self._furthest = 0  # the fastest reader's cursor
-        self._depth = depth
+        self._depth, self._keep = depth, keep
         self._finished = False
         self._closed = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._encoder = threading.Thread(target=self._encode, name="weight-encode-once", daemon=True)
+        self._encoder = threading.Thread(target=self._encode, name="weight-encode", daemon=True)
         self._encoder.start()
 
     def _encode(self) -> None:
@@ -107,19 +68,22 @@ class EncodedOnce:
         return i < len(self._chunks) or self._finished or self._closed
 
     def reader(self) -> Iterator[bytes]:
-        """Every chunk of the push, in order, for one target."""
+        """Every tensor message of the push, in order, for one target."""
         i = 0
         while True:
             with self._cond:
                 self._cond.wait_for(functools.partial(self._ready, i))
                 if i < len(self._chunks):
                     chunk = self._chunks[i]
+                    if not self._keep:
+                        self._chunks[i] = None
                     self._furthest = max(self._furthest, i + 1)
                     self._cond.notify_all()
                 elif self._error is not None:
                     raise self._error
                 else:
                     return
+            assert chunk is not None, "a chunk let go was read again: a reader of its own reads once"
             yield chunk
             i += 1
 
@@ -137,12 +101,15 @@ class StreamTransfer:
 
     def __init__(self, push: Snapshot, chunk_bytes: int, targets: int):
         self.push, self.chunk_bytes = push, chunk_bytes
-        self._shared = EncodedOnce(push, chunk_bytes) if targets > 1 else None
+        self._shared = Encoded(push, chunk_bytes, depth=4, keep=True) if targets > 1 else None
 
     def send_weights(self, call: PushCall, address: str, commit: bytes) -> pb.PushReply:
-        chunks = self._shared.reader() if self._shared is not None else \
-            prefetched(encoded_chunks(self.push, self.chunk_bytes))
-        return call(with_commit(chunks, commit))
+        encoded = self._shared or Encoded(self.push, self.chunk_bytes, depth=2, keep=False)
+        try:
+            return call(itertools.chain(encoded.reader(), (commit,)))
+        finally:
+            if encoded is not self._shared:
+                encoded.close()
 
     def close(self) -> None:
         if self._shared is not None:
@@ -179,12 +146,6 @@ class Inline:
     def copy_into(self, dst: np.ndarray, digest: xxhash.xxh3_64) -> None:
         copy_hashed(dst, self.data, digest)
 
-    def lend(self) -> InPlaceBytes | None:
-        return None
-
-    def elsewhere(self) -> None:
-        return None
-
     def abort(self) -> None:
         """Nothing to stop: the bytes are here."""
 
@@ -194,8 +155,16 @@ class StreamSource:
 
     route = Route.STREAM
 
-    def claims(self, header: pb.WeightChunk) -> bool:
-        return True
-
     def payload(self, header: pb.WeightChunk, inline: memoryview) -> Inline:
         return Inline(inline)
+
+
+def _sender(settings: SenderSettings) -> StreamSender:
+    return StreamSender(settings.chunk_bytes)
+
+
+def _source(end: None) -> nullcontext[StreamSource]:
+    return nullcontext(StreamSource())
+
+
+register(RouteSpec(Route.STREAM, _sender, lambda header: True, _source, preference=100))

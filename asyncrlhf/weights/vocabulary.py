@@ -8,21 +8,34 @@ A refusal crosses gRPC twice over: as a status code with a human-readable detail
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import ClassVar
 
 import grpc
 
 REASON_KEY = "asyncrlhf-refusal"  # trailing metadata of a refused push: its `Reason`
 
 
-class Route(StrEnum):
-    """How a push's tensor bytes reach a generator; gRPC carries the control and the commit on every one."""
+@dataclass(frozen=True)
+class Route:
+    """How a push's tensor bytes reach a generator, by the name a route registers under
+    (`routes.RouteSpec`); gRPC carries the control and the commit on every one. The built-in ones below; a
+    route registered elsewhere (a test's) is `Route("its-name")`."""
 
-    SHM = "shm"  # the pusher's shared-memory segment, on the receiver's host
-    DATA = "data"  # a TCP data connection beside the gRPC call
-    STREAM = "stream"  # inside the gRPC call's messages
-    RELAY = "relay"  # forwarded by another generator that committed the version
-    COLLECTIVE = "collective"  # broadcast in buckets to a process group of weights (gloo, NCCL)
+    value: str
+    SHM: ClassVar[Route]  # the pusher's shared-memory segment, on the receiver's host
+    DATA: ClassVar[Route]  # a TCP data connection beside the gRPC call
+    STREAM: ClassVar[Route]  # inside the gRPC call's messages
+    RELAY: ClassVar[Route]  # forwarded by another generator that committed the version
+    COLLECTIVE: ClassVar[Route]  # broadcast in buckets to a process group of weights (gloo, NCCL)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Route.SHM, Route.DATA, Route.STREAM = Route("shm"), Route("data"), Route("stream")
+Route.RELAY, Route.COLLECTIVE = Route("relay"), Route("collective")
 
 
 class Reason(StrEnum):

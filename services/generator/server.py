@@ -127,7 +127,7 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     collective = (engine or CollectiveMember(resolved(cfg.generator.device))) \
         if cfg.generator.collective and access.credentials is None else None
     # After a restart: no version until the learner pushes one.
-    receiver = WeightReceiver(swap, NO_VERSION, data, collective)
+    receiver = WeightReceiver(swap, NO_VERSION, data=data, collective=collective)
     relay = Relay.from_config(cfg)
     try:
         server, port = serve(receiver, host, cfg.generator.grpc_port, access, relay=relay)

@@ -10,6 +10,7 @@ from asyncrlhf import algorithms as A
 from asyncrlhf import metrics as names
 from asyncrlhf.stalls import Hop, WaitState
 from asyncrlhf.training.batch import TrainGroup
+from asyncrlhf.weights.pusher import Encoding
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -86,9 +87,9 @@ class LearnerMetrics:
         self.pushed_bytes = Counter(names.LEARNER_PUSHED_BYTES_TOTAL, "Tensor bytes of those pushes, by "
                                     "encoding (divided by pushed_versions: bytes per version).", ["encoding"],
                                     registry=r)
-        for encoding in ("delta", "full"):  # both exported from the start
-            self.pushed_versions.labels(encoding)
-            self.pushed_bytes.labels(encoding)
+        for encoding in Encoding:  # both exported from the start
+            self.pushed_versions.labels(encoding.value)
+            self.pushed_bytes.labels(encoding.value)
         self.push_failures = Counter(names.LEARNER_PUSH_FAILURES_TOTAL,
                                      "Failed pushes, per target and status.", ["target", "status"],
                                      registry=r)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
+import grpc
 import torch
 
 from asyncrlhf.config import Config
@@ -33,7 +34,7 @@ from asyncrlhf.registry import Member, Registry
 from asyncrlhf.stalls import Wait
 from asyncrlhf.training import engine
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushOutcome, PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.relay import TreePush
 from asyncrlhf.weights.vocabulary import Reason, Route
 from services.learner.metrics import LearnerMetrics
@@ -171,7 +172,7 @@ class WeightPublisher:
         for outcome in outcomes:
             target = outcome.target.id
             self.metrics.push_time.labels(target).set(outcome.seconds)
-            if outcome.status == "ok":
+            if outcome.status == PushStatus.OK:
                 self.metrics.push_bytes.labels(target).inc(outcome.bytes)
                 if outcome.route is not None:  # always, when ok
                     self.metrics.pushes.labels(outcome.route.value).inc()
@@ -180,13 +181,13 @@ class WeightPublisher:
                         log.info("versions reach %s over the %s route from version %d", target,
                                  outcome.route.value, self.version)
                 if not outcome.relayed_by:  # the learner's own upload
-                    self.metrics.pushed_versions.labels(outcome.encoding).inc()
-                    self.metrics.pushed_bytes.labels(outcome.encoding).inc(outcome.bytes)
+                    self.metrics.pushed_versions.labels(outcome.encoding.value).inc()
+                    self.metrics.pushed_bytes.labels(outcome.encoding.value).inc(outcome.bytes)
                 self._pushed[target] = (self.version, time.monotonic())
                 self._failures.pop(target, None)
                 self._failing_since.pop(target, None)
             else:
-                self.metrics.push_failures.labels(target, outcome.status).inc()
+                self.metrics.push_failures.labels(target, outcome.status.value).inc()
                 self._pushed[target] = (0, time.monotonic())
                 served = False
                 self._failed(outcome)
@@ -195,9 +196,9 @@ class WeightPublisher:
     def _failed(self, outcome: PushOutcome) -> None:
         target = outcome.target
         what = (f"push of version {self.version} to generator {target.id} ({target.address}) "
-                f"{outcome.status}: {outcome.code} {outcome.detail}")
-        permanent = outcome.reason in PERMANENT or outcome.code == "UNAUTHENTICATED"
-        if outcome.status == "rejected" and permanent:
+                f"{outcome.status}: {outcome.code.name} {outcome.detail}")
+        permanent = outcome.reason in PERMANENT or outcome.code == grpc.StatusCode.UNAUTHENTICATED
+        if outcome.status == PushStatus.REJECTED and permanent:
             raise PushFailed(f"{what}. The generator cannot take these weights: check that it serves the "
                              "same model (and LoRA settings) as the learner and the same run.token.")
         failures = self._failures[target.id] = self._failures.get(target.id, 0) + 1

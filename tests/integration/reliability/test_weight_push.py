@@ -16,7 +16,7 @@ from asyncrlhf.config import load_config
 from asyncrlhf.models import load_policy
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS
-from asyncrlhf.weights.codec import Snapshot, encoded_chunks, prepare
+from asyncrlhf.weights.codec import Snapshot, chunks, prepare
 from asyncrlhf.weights.vocabulary import Reason
 from tests.integration.generator.helpers import START_TIMEOUT_S, GeneratorProcess, members, wait_for
 
@@ -44,10 +44,7 @@ class Target:
         self.tensors = prepare(load_policy(CFG.model).state_dict(), "float32")
 
     def messages(self, version: int, tensors=None) -> list[pb.WeightChunk]:
-        return [
-            pb.WeightChunk.FromString(raw)
-            for raw in encoded_chunks(Snapshot(PolicyVersion(0, version), tensors or self.tensors), CHUNK)
-        ]
+        return list(chunks(Snapshot(PolicyVersion(0, version), tensors or self.tensors), CHUNK))
 
     def push(self, messages, token: str | None = TOKEN):
         raws = [m if isinstance(m, bytes) else m.SerializeToString() for m in messages]

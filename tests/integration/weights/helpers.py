@@ -15,7 +15,7 @@ from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_member import CollectiveMember, Member
 from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds
-from asyncrlhf.weights.pusher import ALL_ROUTES, PushOutcome, PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, relay_pusher
 from asyncrlhf.weights.server import serve
@@ -49,7 +49,7 @@ def version(step: int, lineage: int = 0) -> PolicyVersion:
     return PolicyVersion(lineage, step)
 
 
-def pusher(token: str | None = TOKEN, routes: Collection[Route] = ALL_ROUTES, **kw) -> WeightPusher:
+def pusher(token: str | None = TOKEN, routes: Collection[Route] | None = None, **kw) -> WeightPusher:
     return WeightPusher(ClientAccess(token), chunk_bytes=kw.pop("chunk_bytes", CHUNK), routes=routes, **kw)
 
 
@@ -105,10 +105,10 @@ class Generator:
     """A receiver-side stand-in for the generator service: a live model behind a WeightSync server that
     relays when a push asks it to (with `relay`, else a relay of the run's token), with a data channel when
     `data`, joining weight groups when `collective` (through an engine's worker, `EngineHeld`, when
-    `engine`)."""
+    `engine`); `ends`: its standing end of any other route, by the route's name."""
 
     def __init__(self, seed: int = 1, token: str | None = TOKEN, names=None, data: bool = True,
-                 relay: Relay | None = None, collective: bool = False, engine: bool = False):
+                 relay: Relay | None = None, collective: bool = False, engine: bool = False, **ends):
         self.model = tiny_model(seed)
         self.target = ModuleTarget(self.model, names)
         self.engine = EngineHeld(self.target) if engine else None
@@ -117,7 +117,8 @@ class Generator:
         self.collective: Member | None = None
         if collective:
             self.collective = self.engine.member if self.engine is not None else CollectiveMember()
-        self.receiver = WeightReceiver(self.gated, NO_VERSION, self.data, self.collective)
+        self.receiver = WeightReceiver(self.gated, NO_VERSION, data=self.data, collective=self.collective,
+                                       **ends)
         self.relay = relay or Relay(relay_pusher(ClientAccess(token), CHUNK, 60.0))
         self.server, self.port = serve(self.receiver, access=ServerAccess(token), relay=self.relay)
         self.address = f"127.0.0.1:{self.port}"

@@ -1,8 +1,9 @@
 """The routes of the contract suite, as the learner drives them, and the faults planted on their last hop.
 
-A route is injected, never chosen by patching: `Direct(route)` is a pusher given that route's `Sender` (and
-the stream to fall back to); `Relayed()` is a learner pushing to a fresh relaying generator whose relay
-forwards to the generator under test. A `Fault` is planted by wrapping the last hop's sender (`Faulty`): in
+A route is injected, never chosen by patching: `Direct(route)` is a pusher given the `Sender` its
+registration makes (`RouteSpec.sender`, from the learner's config: `LEARNER`) and the route of last resort to
+fall back to; `Relayed()` is a learner pushing to a fresh relaying generator whose relay forwards to the
+generator under test. A `Fault` is planted by wrapping the last hop's sender (`Faulty`): in
 the snapshot it sends (what a relay forwards), or in the messages of its PushWeights call.
 """
 
@@ -17,14 +18,14 @@ import numpy as np
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.config import load_config
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess
-from asyncrlhf.weights.channel import DataSender
 from asyncrlhf.weights.codec import Snapshot, decode_chunk, encode_chunk
 from asyncrlhf.weights.collective_sender import CollectiveSender, CollectiveTransfer
 from asyncrlhf.weights.pusher import PushOutcome, RelayPlan, WeightPusher
 from asyncrlhf.weights.relay import Relay
-from asyncrlhf.weights.shm import ShmSender
+from asyncrlhf.weights.routes import SenderSettings, last_resort, spec_of
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
 from tests.integration.weights.helpers import CHUNK, TOKEN, Generator
@@ -82,12 +83,14 @@ class Faulty:
         self.sender.close()
 
 
-def _sender(route: Route, access: ClientAccess):
-    if route == Route.SHM:
-        return ShmSender(30.0)
-    if route == Route.COLLECTIVE:
-        return CollectiveSender(bucket_bytes=BUCKET, timeout_s=30.0, access=access)
-    return DataSender(access, 30.0) if route == Route.DATA else StreamSender(CHUNK)
+# the learner's config for every route's sender: the collective route on, the tiny model in several buckets
+LEARNER = ["learner.collective=true", f"learner.collective_bucket_bytes={BUCKET}", "learner.device=cpu"]
+
+
+def sender(route: Route, access: ClientAccess | None = None):
+    """`route`'s learner end as its registration makes it, or None where this machine cannot take it."""
+    settings = SenderSettings(access or ClientAccess(TOKEN), CHUNK, 30.0, load_config([], LEARNER))
+    return spec_of(route).sender(settings)
 
 
 class _Flipping(CollectiveTransfer):
@@ -109,24 +112,26 @@ class FlippingSender(CollectiveSender):
 
 class Direct:
     """The learner pushes over `route` (its generators offer a data channel only on `Route.DATA`, weight
-    groups only on `Route.COLLECTIVE`: joined by an engine's worker when `engine`)."""
+    groups only on `Route.COLLECTIVE`: joined by an engine's worker when `engine`; `ends`: their standing end
+    of another route, by its name)."""
 
-    def __init__(self, route: Route, engine: bool = False):
-        self.route, self.engine = route, engine
+    def __init__(self, route: Route, engine: bool = False, **ends):
+        self.route, self.engine, self.ends = route, engine, ends
         self.last: Faulty | None = None
 
     def generator(self) -> Generator:
         return Generator(data=self.route == Route.DATA, collective=self.route == Route.COLLECTIVE,
-                         engine=self.engine)
+                         engine=self.engine, **self.ends)
 
     def push(self, gen: Generator, push: Snapshot, fault: Fault | None = None,
              token: str | None = TOKEN) -> PushOutcome:
         access = ClientAccess(token)
-        sender = _sender(self.route, access)
+        made = sender(self.route, access)
+        assert made is not None, f"the {self.route} route cannot be taken on this machine"
         if fault is not None:
-            sender = self.last = Faulty(sender, fault)
-        fallback = [StreamSender(CHUNK)] if self.route != Route.STREAM else []
-        with WeightPusher(access, chunk_bytes=CHUNK, timeout_s=30, route_senders=[sender, *fallback]) as by:
+            made = self.last = Faulty(made, fault)
+        fallback = [StreamSender(CHUNK)] if self.route != last_resort() else []
+        with WeightPusher(access, chunk_bytes=CHUNK, timeout_s=30, route_senders=[made, *fallback]) as by:
             (outcome,) = by.send(push, [gen.target_id])
         return outcome
 
@@ -287,7 +292,7 @@ def _another_backend(messages):
     return messages
 
 
-# The refusals that make a route give way to the stream (`routes.FALLBACKS`), by route.
+# The refusals that make a route give way to the stream (`RouteSpec.fallbacks`), by route.
 FALLING_BACK = {
     Route.COLLECTIVE: Fault(Reason.COLLECTIVE_UNAVAILABLE, "a backend the receiver does not offer",
                             messages=_another_backend),

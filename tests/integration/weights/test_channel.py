@@ -48,7 +48,7 @@ def by_hand(gen: Generator, push: Snapshot, send, *, port: int | None = None,
     """A data-channel push written out: the control messages over gRPC, and `send(sock, tensors)` writing
     the connection's bytes (the ticket already sent) to `port` (the receiver's data port unless given)."""
     ticket = new_ticket()
-    port = port if port is not None else gen.receiver.data.port
+    port = port if port is not None else gen.data.port
     outgoing = Outgoing("127.0.0.1", port, ticket, 10) if connect else None
     sender = threading.Thread(target=lambda: outgoing and send(outgoing.sock, push.tensors), daemon=True)
     sender.start()
@@ -113,7 +113,7 @@ def test_a_connection_that_breaks_mid_tensor_is_truncated_and_the_old_version_se
 
 def test_a_ticket_whose_connection_never_comes_is_refused_in_time():
     gen = Generator(data=False)
-    gen.receiver.data = gen.data = DataListener(claim_timeout_s=0.5)
+    gen.receiver.ends[Route.DATA] = gen.data = DataListener(claim_timeout_s=0.5)
     try:
         start = time.monotonic()
         result = by_hand(gen, pushed(tiny_model(0)), honest, connect=False)
@@ -158,7 +158,8 @@ def test_a_data_port_that_refuses_connections_gets_the_byte_stream_then_is_asked
         outcome = push(by, learner.state_dict(), 1, generator)
         assert (outcome.status, outcome.route) == ("ok", Route.STREAM)
         assert same(snapshot(generator.model), snapshot(learner))
-        generator.receiver.data = generator.data = DataListener()  # a restarted channel, on another port
+        # a restarted channel, on another port
+        generator.receiver.ends[Route.DATA] = generator.data = DataListener()
         assert by.probe([PushTarget("g0", generator.address)]) == [Route.DATA]  # asked again
         outcome = push(by, tiny_model(3).state_dict(), 2, generator)
         assert (outcome.status, outcome.route) == ("ok", Route.DATA)

@@ -19,7 +19,7 @@ from asyncrlhf.weights.relay import Relay, relay_pusher
 from asyncrlhf.weights.stream import StreamSender
 from asyncrlhf.weights.vocabulary import Reason, Route
 from tests.integration.weights.helpers import CHUNK, ONLY, TOKEN, Generator, push, pusher, snapshot, version
-from tests.integration.weights.routes import BUCKET, Fault, Faulty, _sender
+from tests.integration.weights.routes import BUCKET, Fault, Faulty, sender
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,7 @@ def _corrupt_a_value(push: Snapshot) -> Snapshot:
 def test_a_corrupted_delta_is_refused_and_the_old_version_serves(learner, direct_route):
     gen = Generator(data=direct_route == Route.DATA)
     access = ClientAccess(TOKEN)
-    faulty = Faulty(_sender(direct_route, access), Fault(Reason.BAD_CHECKSUM, "corrupt", _corrupt_a_value))
+    faulty = Faulty(sender(direct_route, access), Fault(Reason.BAD_CHECKSUM, "corrupt", _corrupt_a_value))
     fallback = [StreamSender(CHUNK)] if direct_route != Route.STREAM else []
     try:
         with WeightPusher(access, chunk_bytes=CHUNK, dtype="bfloat16", delta=True,
@@ -171,7 +171,7 @@ def test_a_relay_forwards_the_delta_applied_whole(learner):
                     time.sleep(0.01)
             for gen in (parent, child):
                 assert same(snapshot(gen.model), pushed(learner, torch.bfloat16))
-            assert child.receiver.bases.version is None  # relayed whole, kept as no base
+            assert child.receiver.bases is None  # relayed whole, kept as no base
     finally:
         parent.stop()
         child.stop()

@@ -198,7 +198,7 @@ def test_the_receiver_maps_each_segment_once_and_unmaps_the_ones_its_pusher_clos
             assert push(by, learner.state_dict(), step, generator).status == "ok"
         first = set(counting)
         assert len(first) == 2
-        receiver_maps = generator.receiver.holds.maps.names()
+        receiver_maps = generator.receiver.ends[Route.SHM].names()
         assert sorted(receiver_maps) == sorted(first)  # one mapping each, kept from version to version
     assert not segments() & first  # removed with their pusher: mapped still, until the next push
     with pusher() as by:
@@ -291,7 +291,8 @@ def test_a_push_whose_segment_a_newer_version_is_rewriting_is_refused(generator,
 
 def test_a_receiver_that_cannot_see_the_segment_gets_the_bytes_over_the_network(generator, learner,
                                                                                tmp_path):
-    generator.receiver.holds.maps = shm_read.SegmentMaps(tmp_path)  # a private /dev/shm, as in a container
+    # a private /dev/shm, as in a container
+    generator.receiver.ends[Route.SHM] = shm_read.SegmentMaps(tmp_path)
     with pusher() as by:
         outcome = push(by, learner.state_dict(), 1, generator)
         assert (outcome.status, outcome.route) == ("ok", Route.STREAM)  # this push: the fallback

@@ -19,14 +19,20 @@ from cryptography.x509.oid import NameOID
 
 from asyncrlhf.config import load_config
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.access import ClientAccess, ServerAccess
+from asyncrlhf.weights.access import (
+    ClientAccess,
+    ServerAccess,
+    TlsConfigError,
+    channel_credentials,
+    server_credentials,
+    server_ssl_context,
+)
 from asyncrlhf.weights.channel import DataListener, Outgoing, new_ticket
-from asyncrlhf.weights.pusher import ALL_ROUTES, PushTarget, WeightPusher
+from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.target import ModuleTarget
-from asyncrlhf.weights.tls import TlsConfigError, channel_credentials, server_credentials, server_ssl_context
 from asyncrlhf.weights.vocabulary import PushRejected, Route
 
 pytestmark = pytest.mark.integration
@@ -85,7 +91,7 @@ def serve_model(tls):
     return server, receiver, model, f"127.0.0.1:{port}"
 
 
-def push(pusher_tls, address, version=1, routes=ALL_ROUTES):
+def push(pusher_tls, address, version=1, routes=None):
     """A push dialed as the learner's pusher is, from the config (`ClientAccess.from_config`)."""
     overrides = [f"run.grpc_tls.{k}={v}" for k, v in pusher_tls.items()]
     cfg = load_config([], overrides)
@@ -132,11 +138,11 @@ def test_beside_tls_the_data_channel_is_tls_too(pki):
     model = torch.nn.Linear(4, 3)
     plaintext = DataListener()
     with pytest.raises(ValueError, match="bypass"):
-        serve(WeightReceiver(ModuleTarget(model), NO_VERSION, plaintext),
+        serve(WeightReceiver(ModuleTarget(model), NO_VERSION, data=plaintext),
               access=ServerAccess(credentials=server_credentials(tls)))
     plaintext.close()
     data = DataListener(claim_timeout_s=1.0, tls=server_ssl_context(tls))
-    receiver = WeightReceiver(ModuleTarget(model), NO_VERSION, data)
+    receiver = WeightReceiver(ModuleTarget(model), NO_VERSION, data=data)
     server, port = serve(receiver, "127.0.0.1", 0, ServerAccess(credentials=server_credentials(tls)))
     try:
         mutual = {"ca_file": pki["ca"], "client_cert_file": client_cert, "client_key_file": client_key}
@@ -177,7 +183,8 @@ def test_relays_dial_with_the_runs_tls_client_settings(pki):
         for _ in range(3):
             model, access = torch.nn.Linear(4, 3), ServerAccess.from_config(cfg)  # as the generator service
             data = DataListener(tls=access.data_tls)
-            receiver, relay = WeightReceiver(ModuleTarget(model), NO_VERSION, data), Relay.from_config(cfg)
+            receiver = WeightReceiver(ModuleTarget(model), NO_VERSION, data=data)
+            relay = Relay.from_config(cfg)
             server, port = serve(receiver, "127.0.0.1", 0, access, relay=relay)
             running.append((server, relay, data, model, f"127.0.0.1:{port}"))
         weights = {"weight": torch.ones(3, 4), "bias": torch.zeros(3)}

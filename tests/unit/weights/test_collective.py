@@ -11,6 +11,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from asyncrlhf.weights.codec import to_wire
 from asyncrlhf.weights.collective import NCCL_RAISES, Plan, backends_of, process_group
+from asyncrlhf.weights.collective_sender import CollectiveSender
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +31,7 @@ def test_tensors_fill_buckets_in_order_and_a_larger_one_gets_its_own():
 
 def test_a_bucket_size_must_be_positive():
     with pytest.raises(ValueError, match="bucket_bytes"):
-        Plan.of(wire(1), bucket_bytes=0)
+        CollectiveSender(bucket_bytes=0)
 
 
 def test_only_a_gpu_offers_nccl():

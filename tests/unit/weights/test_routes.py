@@ -1,5 +1,6 @@
 """Which route each generator gets, without a network: the first sender that accepts its GetStatus, asked
-once per address; the fallback table's two kinds of row (avoid the route from then on, or ask again)."""
+once per address; a registered route's two kinds of fallback (avoid the route from then on, or ask again);
+the registry's order."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import grpc
 import pytest
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights.routes import FALLBACKS, Routes, Unreachable
-from asyncrlhf.weights.vocabulary import Reason, Route
+from asyncrlhf.weights.pusher import Routes
+from asyncrlhf.weights.routes import Fallback, Unreachable, last_resort, registered, spec_of
+from asyncrlhf.weights.vocabulary import REASON_KEY, Reason, Route
 
 pytestmark = pytest.mark.unit
 
@@ -60,25 +62,40 @@ def test_the_first_sender_that_accepts_wins_and_each_address_is_asked_once():
 def test_a_generator_that_does_not_answer_is_unreachable_and_asked_again():
     status = Status({})
     table, _, _ = routes(status)
-    assert table.route("gone") == Unreachable("UNAVAILABLE")
-    assert table.route("gone") == Unreachable("UNAVAILABLE") and status.asked == ["gone", "gone"]
+    gone = Unreachable(grpc.StatusCode.UNAVAILABLE)
+    assert table.route("gone") == gone
+    assert table.route("gone") == gone and status.asked == ["gone", "gone"]
     assert routes(Status({}, grpc.StatusCode.UNAUTHENTICATED))[0].route("x") == Route.STREAM  # the push says
 
 
-def test_a_route_fallen_back_from_is_avoided_or_asked_again_as_the_table_says():
+def refused(reason: Reason) -> grpc.RpcError:
+    err = grpc.RpcError()
+    err.trailing_metadata = lambda: ((REASON_KEY, reason.value),)
+    return err
+
+
+def test_a_route_fallen_back_from_is_avoided_or_asked_again_as_its_spec_says():
     status = Status({"local": pb.GetStatusReply(shm_host="here", data_port=9),
                      "remote": pb.GetStatusReply(data_port=9)})
     table, shm, data = routes(status)
     table.route("local"), table.route("remote")
-    avoid = FALLBACKS[(Route.SHM, Reason.SHM_UNAVAILABLE)]
-    assert (avoid.to, avoid.avoid) == (Route.STREAM, True)
-    table.fall_back("local", Route.SHM, avoid)
+    assert spec_of(Route.SHM).fallbacks[Reason.SHM_UNAVAILABLE] == Fallback(avoid=True)
+    assert table.fall_back("local", Route.SHM, refused(Reason.SHM_UNAVAILABLE)) == Route.STREAM
     assert table.route("local") == Route.DATA and shm.forgotten == ["local"]  # its next route, unasked
-    again = FALLBACKS[(Route.DATA, OSError)]
-    assert (again.to, again.avoid) == (Route.STREAM, False)
-    table.fall_back("remote", Route.DATA, again)
+    assert spec_of(Route.DATA).fallbacks[OSError] == Fallback(avoid=False)
+    assert table.fall_back("remote", Route.DATA, OSError("refused")) == Route.STREAM
     assert table.route("remote") == Route.DATA and data.forgotten == ["remote"]
     assert status.asked == ["local", "remote", "remote"]  # asked again: a restart may have moved its port
+    # a refusal the route lists no fallback for is the push's outcome
+    assert table.fall_back("remote", Route.DATA, refused(Reason.BAD_CHECKSUM)) is None
+
+
+def test_the_registry_lists_every_route_in_order_of_preference_the_stream_last():
+    assert [spec.route for spec in registered()] == [Route.COLLECTIVE, Route.SHM, Route.DATA, Route.STREAM]
+    assert last_resort() == Route.STREAM
+    assert [spec.route for spec in registered() if spec.whole] == [Route.COLLECTIVE]
+    with pytest.raises(ValueError, match="no route `toy` is registered; the routes are: collective, shm"):
+        spec_of(Route("toy"))
 
 
 def test_a_pusher_with_only_the_stream_asks_nobody():
