@@ -24,7 +24,8 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -148,10 +149,33 @@ CHECKS: dict[str, Callable[[Path, dict], None]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def side_by_side(request, offline_hub, redis_url, tmp_path_factory) -> Iterator[dict[str, Future[None]]]:
+    """The selected configs without vLLM, run two at a time from the module's first test on (each result
+    is its own test's): a run leaves a core idle for much of its length (its services' starts, the launcher's
+    polls, the last evaluation, the stop, the report's plots), which the other run takes. The vLLM configs
+    run one at a time, in their own tests: the engine's CPU worker binds its threads to the cores."""
+    selected = [item.callspec.params["name"] for item in request.session.items
+                if item.module is request.module and "vllm" not in item.keywords]
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="config")
+    try:
+        yield {name: pool.submit(start_in_real_shape, name, offline_hub, redis_url,
+                                 tmp_path_factory.mktemp(f"config-{name}")) for name in selected}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.vllm] if needs_vllm(n) else [])
                                   for n in CONFIGS])
-def test_the_config_starts_in_its_real_shape_and_trains_with_a_clean_audit(name, offline_hub, redis_url,
-                                                                            tmp_path):
+def test_the_config_starts_in_its_real_shape_and_trains_with_a_clean_audit(name, request, offline_hub,
+                                                                            redis_url, tmp_path):
+    if "vllm" in request.node.keywords:
+        start_in_real_shape(name, offline_hub, redis_url, tmp_path)
+    else:
+        request.getfixturevalue("side_by_side")[name].result()  # raises what the run's checks raised
+
+
+def start_in_real_shape(name: str, offline_hub: dict[str, str], redis_url: str, tmp_path: Path) -> None:
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     paths = [str(ROOT), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
