@@ -13,8 +13,9 @@ Every run writes under the test's directory (`run.dir`). All configs share the s
 processes that import torch start, 2 steps train and the audit reads them back (25-50 s on 2 cores); a
 config that starts from its own SFT or reward model runs those stages first (tools_calculator, pipeline_full:
 90-100 s), and vLLM's CPU build adds its engine's start (tldr, gsm8k, alpacafarm_lora_ppo: 100-140 s;
-node4gpu, with the engine in a process of its own and 3 learner ranks: about 140 s). The vLLM configs run
-last (`vllm`). Building the offline hub (the module's fixture) takes about 20 s.
+node4gpu, with the engine in a process of its own and 3 learner ranks: about 140 s). The configs without
+vLLM run two at a time (`side_by_side`: a third less time on 2 cores than one after another); the vLLM
+configs run last (`vllm`), one at a time. Building the offline hub (the module's fixture) takes about 20 s.
 """
 
 from __future__ import annotations
