@@ -170,6 +170,8 @@ def side_by_side(request, offline_hub, redis_url, tmp_path_factory) -> Iterator[
                                   for n in CONFIGS])
 def test_the_config_starts_in_its_real_shape_and_trains_with_a_clean_audit(name, request, offline_hub,
                                                                             redis_url, tmp_path):
+    """Over 60 s for most configs because each is a whole run (the module's docstring gives the figures):
+    its services start, train 2 steps and stop, its stages run first, and a vLLM config starts an engine."""
     if "vllm" in request.node.keywords:
         start_in_real_shape(name, offline_hub, redis_url, tmp_path)
     else:
