@@ -20,6 +20,7 @@ pytestmark = pytest.mark.unit
 
 TESTS = Path(__file__).resolve().parents[1]
 SLOW = [
+    "e2e/test_bench_staleness.py::test_quick_study_trains_every_run_at_exactly_its_staleness_and_resumes",
     "e2e/test_chaos.py::test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_tokens",
     "e2e/test_chaos.py::test_continuous_generators_on_staggered_versions_with_engines_out_of_process_lose_nothing",
     "e2e/test_chaos.py::test_reward_replicas_judging_with_a_language_model_killed_mid_call_lose_nothing",
