@@ -74,10 +74,11 @@ def needs_vllm(name: str) -> bool:
     return load_config([ROOT / "configs" / f"{name}.yaml"]).generator.backend == "vllm"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def offline_hub(tmp_path_factory) -> dict[str, str]:
     """One offline hub holding every config's hub models and data sets; its environment, and the packaged
-    model's stand-in directory under PACKAGED."""
+    model's stand-in directory under PACKAGED. Built once for the session: the vLLM configs run at its end
+    (tests/conftest.py), after other modules, where a module's fixture would be built a second time."""
     home = tmp_path_factory.mktemp("hf")
     stand_ins = StandIns(home)
     for name in CONFIGS:
