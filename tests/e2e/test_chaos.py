@@ -27,6 +27,8 @@ def chaos(cmd: list[str]) -> tuple[subprocess.CompletedProcess, str, dict]:
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_kills_of_every_service_and_redis_lose_nothing(tmp_path, seed):
+    """Over 60 s on a shared 2-core machine (85-90 s each at load 7-9) because the whole stack (2 generators,
+    2 reward replicas) starts, is killed 4 times (Redis once) with restarts, and then trains to 200 steps."""
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", str(seed), "--kills", "3",
            "--redis-kills", "1", "--every", "2,4", "--root", str(tmp_path), "--timeout", "900",
            "learner.total_steps=200", "learner.checkpoint_every=7"]
