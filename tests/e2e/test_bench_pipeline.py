@@ -19,6 +19,8 @@ PHASES = {"generation", "scoring", "training", "publish", "apply", "learner_wait
 
 
 def test_inprocess_beside_sync_on_the_tiny_model(tmp_path):
+    """Over 60 s on a shared 2-core machine because it trains the same steps twice, in one process and as
+    services (each started), and scores both runs with the gold reward."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "pipeline", "--config", "configs/tiny.yaml",
            "--steps", "3", "--runs", "inprocess,sync", "--json", "--out", str(tmp_path)]

@@ -24,6 +24,8 @@ def bench(out: Path, timeout: int = 600) -> dict:
 
 
 def test_quick_study_trains_every_run_at_exactly_its_staleness_and_resumes(tmp_path):
+    """Over 60 s because the quick study trains its 4 runs (2 algorithms x 2 staleness bounds, 5 steps each)
+    one after another, scores each with the gold reward, and the second invocation trains the fourth again."""
     result = bench(tmp_path)
     runs = result["runs"]
     assert {(r["algorithm"], r["staleness"]) for r in runs} == {

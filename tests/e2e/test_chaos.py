@@ -27,6 +27,8 @@ def chaos(cmd: list[str]) -> tuple[subprocess.CompletedProcess, str, dict]:
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_kills_of_every_service_and_redis_lose_nothing(tmp_path, seed):
+    """Over 60 s on a shared 2-core machine (85-90 s each at load 7-9) because the whole stack (2 generators,
+    2 reward replicas) starts, is killed 4 times (Redis once) with restarts, and then trains to 200 steps."""
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", str(seed), "--kills", "3",
            "--redis-kills", "1", "--every", "2,4", "--root", str(tmp_path), "--timeout", "900",
            "learner.total_steps=200", "learner.checkpoint_every=7"]
@@ -43,7 +45,8 @@ def test_continuous_generators_killed_or_stopped_lose_at_most_their_unsaved_toke
     """Continuous generators on vLLM, SIGKILLed (no warning) or SIGTERMed (a scale-down) mid-generation and
     restarted: the audit is clean, samples are continued from where they were, and the tokens sampled twice
     are at most `save_every_tokens` per sample in flight at a kill (SIGKILL), or none (SIGTERM: the samples
-    are handed on)."""
+    are handed on). Over 60 s because each generator starts a vLLM engine, and again after each kill (about
+    30 s each on 2 cores), and generation must outlast the kills (long answers, 60 steps)."""
     every = 4
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "3", "--kills", "3",
            "--redis-kills", "0", "--kinds", "generator", "--signal", sig, "--tokens", "--every", "4,6",
@@ -101,7 +104,8 @@ def test_reward_replicas_judging_with_a_language_model_killed_mid_call_lose_noth
     """The reward is a language model as the judge (SmolLM2 in each reward replica), and the replicas are
     SIGKILLed while they judge: the run reaches its last step with a clean audit, and the report shows the
     evaluator's judged win rate (the same model, pairwise against the initial policy's answers) with its
-    bootstrap interval. Minutes on 2 cores: every completion is a forward pass of a 135M judge."""
+    bootstrap interval. Over 60 s (minutes on 2 cores) because every completion is a forward pass of a 135M
+    judge, and each killed replica loads the judge again before it scores."""
     cmd = [sys.executable, "-m", "asyncrlhf.cli", "bench", "chaos", "--seed", "5", "--kills", "3",
            "--redis-kills", "0", "--kinds", "reward", "--every", "3,5", "--root", str(tmp_path),
            "--timeout", "900", "learner.total_steps=12", "learner.checkpoint_every=6",

@@ -28,6 +28,8 @@ def hub_configs(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_block_of_the_page_runs_as_written(tmp_path, page, hub_configs, monkeypatch):
+    """Over 60 s for the pages whose blocks run `asyncrlhf up` as a reader does (quickstart, bring-your-own:
+    a whole run each, then its audit and what the page does with it)."""
     if page.startswith("recipes/"):
         for key, value in hub_configs.items():
             monkeypatch.setenv(key, value)

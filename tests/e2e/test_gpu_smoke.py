@@ -18,6 +18,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]  # CI runs it: the issue asks t
 
 
 def test_the_cpu_form_passes_and_says_what_it_skipped(tmp_path):
+    """Over 60 s because the script runs its stages one after another on the CPU, as on a GPU node: four
+    DeepSpeed learner steps, a vLLM engine's start, generation, and the pushes by two routes."""
     summary_path = tmp_path / "summary.json"
     env = {**os.environ, "PYTHON": sys.executable}
     done = subprocess.run([str(DEPLOY / "gpu-smoke"), "--json", str(summary_path)], cwd=ROOT, env=env,

@@ -137,6 +137,8 @@ def freeze(up: Up, what: str, pids: list[int], matches: Callable[[str], bool],
 
 
 def test_each_frozen_service_is_named_within_the_bound_and_the_run_recovers(tmp_path):
+    """Over 60 s because the one run freezes five services in turn: each freeze waits to be named (up to
+    BOUND_S), then for the learner's next step after SIGCONT, after the stack's start."""
     up, record = Up(tmp_path), []
     started = time.monotonic()
     try:

@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
 def test_up_with_the_vllm_generator_trains_with_a_clean_audit(tmp_path):
-    # the GPU node's shape: the engine in a process of its own, its worker in the learner's weight group
+    """The GPU node's shape: the engine in a process of its own, its worker in the learner's weight group.
+    Over 60 s because vLLM's engine starts (its import and the model's load, about 30 s on 2 cores) beside
+    the learner and the reward before the first step, and its worker joins the weight group."""
     code, out = finish(up(tmp_path, "generator.backend=vllm", "model.tiny.heads=2",
                           f"model.cache_dir={tmp_path}/cache", "learner.total_steps=4",
                           "generator.vllm.engine_in_process=false", "learner.collective=true"), timeout=900)

@@ -25,11 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 IDS = torch.tensor([[5, 40, 41, 42, 7, 9, 80]])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """(run dir, its config): a LoRA run of one step that moves the adapter's B off 0 (its initial value),
     so a merge that lost the adapter would not match: best-of-n (a gradient whatever the rewards; online
-    DPO on a random model's equal rewards has no pair to learn from) at a large learning rate."""
+    DPO on a random model's equal rewards has no pair to learn from) at a large learning rate. Trained once
+    for the session: the vLLM test runs at its end (tests/conftest.py), after other modules, where a
+    module's fixture would train again."""
     tmp = tmp_path_factory.mktemp("export")
     base = model_dir_for_vllm(load_config(["configs/tiny.yaml"], ["model.tiny.heads=2",
                                                                    f"model.cache_dir={tmp}"]).model)
