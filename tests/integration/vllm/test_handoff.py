@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
@@ -32,7 +33,6 @@ from asyncrlhf.streams import PAYLOAD_FIELD, PROMPTS, ROLLOUTS, RunStreams, run_
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_sender import CollectiveSender
-from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve

@@ -9,12 +9,12 @@ and the previous adapter keeps serving."""
 from __future__ import annotations
 
 import pytest
+from asyncrlhf.weights.handoff import HandoffMismatch
 from watchdog.observers import Observer
 
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.handoff import HandoffMismatch
 from asyncrlhf.weights.shm import SHM_DIR
 from tests.integration.vllm.helpers import (
     PARITY_ATOL,

@@ -8,13 +8,13 @@ import threading
 from collections.abc import Collection, Mapping
 
 import torch
+from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_member import CollectiveMember, Member
-from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds
 from asyncrlhf.weights.pusher import ALL_ROUTES, PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, relay_pusher

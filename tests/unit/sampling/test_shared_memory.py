@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
 
 from asyncrlhf.weights import handoff, shm
-from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
 from asyncrlhf.weights.shm_read import SegmentMaps
 
 pytestmark = pytest.mark.unit
