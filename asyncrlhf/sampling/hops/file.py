@@ -29,13 +29,17 @@ class File:
         return None
 
     def load(self, llm: Any, tensors: Mapping[str, torch.Tensor], adapter: Adapter | None = None) -> None:
+        try:
+            land(llm, self.kind, self.write(tensors), adapter)
+        finally:
+            self.path.unlink(missing_ok=True)
+
+    def write(self, tensors: Mapping[str, torch.Tensor]) -> str:
+        """The push file of `tensors`: its path, what crosses the RPC."""
         from safetensors.torch import save_file
 
         save_file({name: t.contiguous() for name, t in tensors.items()}, str(self.path))
-        try:
-            land(llm, self.kind, str(self.path), adapter)
-        finally:
-            self.path.unlink(missing_ok=True)
+        return str(self.path)
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)

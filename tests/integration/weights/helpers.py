@@ -8,9 +8,9 @@ import threading
 from collections.abc import Collection, Mapping
 
 import torch
-from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from asyncrlhf.sampling.hops.engine_member import EngineMember, WorkerRounds
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener

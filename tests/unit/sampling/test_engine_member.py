@@ -12,11 +12,11 @@ import time
 
 import pytest
 import torch
-from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds, refusal, tagged
-from asyncrlhf.weights.line import Line, listener
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights import engine_member
+from asyncrlhf.sampling.hops import engine_member
+from asyncrlhf.sampling.hops.engine_member import EngineMember, WorkerRounds, refusal, tagged
+from asyncrlhf.sampling.hops.line import Line, listener
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 
