@@ -92,9 +92,9 @@ class WeightLoaderExtension:
             raise RuntimeError(tagged(err)) from None
 
     def _asyncrlhf_end(self) -> WorkerEnd:
-        end = self.__dict__.get("_asyncrlhf_end")
+        end = self.__dict__.get("_asyncrlhf_worker_end")
         if end is None:
-            end = self.__dict__["_asyncrlhf_end"] = WorkerEnd()
+            end = self.__dict__["_asyncrlhf_worker_end"] = WorkerEnd()
         return end
 
     def _asyncrlhf_sync(self) -> None:
