@@ -61,8 +61,8 @@ import torch
 
 from asyncrlhf.config import Config, LoraConfig, SamplingConfig
 from asyncrlhf.sampling.backend import Completion, TokenScore
-from asyncrlhf.sampling.hops.factory import engine_hop
-from asyncrlhf.sampling.hops.hop import Adapter, EngineHop, HopKind
+from asyncrlhf.sampling.hops.factory import engine_hop, in_process
+from asyncrlhf.sampling.hops.hop import Adapter, EngineHop
 from asyncrlhf.sampling.vllm_engine import (
     engine_settings,
     merged_weights,
@@ -198,10 +198,10 @@ class VLLMBackend:
         llm = vllm.LLM(**kwargs)
         work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
-        hop = engine_hop(cfg, env, llm, work_dir)
-        if hop.kind is not HopKind.IN_PROCESS:
+        if not in_process(cfg, env):
             outlive_generator_never(llm)
-        return cls(llm, skeleton, cfg.learner.lora, work_dir, hop, pristine=pristine)
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, engine_hop(cfg, env, llm, work_dir),
+                   pristine=pristine)
 
     @property
     def version(self) -> int:
@@ -285,8 +285,10 @@ class VLLMBackend:
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_n, detokenize=False)
         # vLLM's LoRA logits layer looks adapters up per request, not per prompt token: prompt log-probs of
-        # several requests in one step fail (vllm-project/vllm#29955); one request per call computes them.
-        batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
+        # several requests in one step fail (vllm-project/vllm#29955), before the first adapter is pushed too
+        # (the engine's LoRA layers are there from its start); one request per call computes them.
+        lora_kernels = self.lora.enabled and self.pristine is None
+        batches = [[s] for s in sequences] if lora_kernels else [sequences]
         outputs = [o for batch in batches for o in self._run(batch, params)]
         return [[token_score(step, token, top_n)
                  for step, token in zip(o.prompt_logprobs[1:], seq[1:], strict=True)]
