@@ -15,6 +15,7 @@ from asyncrlhf.config import Config, SamplingConfig, load_config
 from asyncrlhf.sampling import TokenScore
 from asyncrlhf.sampling.hf import HFBackend, sampling_log_softmax
 from asyncrlhf.sampling.hops.shared_memory import Handoff
+from asyncrlhf.weights.shm import SEGMENT_NAME
 
 # The tiny model with head size 32 (64 / 2), one vLLM's CPU attention supports; fp32 like the learner.
 OVERRIDES = ["model.tiny.heads=2", "model.dtype=float32", "generator.backend=vllm", "generator.device=cpu",
@@ -73,9 +74,14 @@ class Writes(FileSystemEventHandler):
         self._lock = threading.Lock()
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        # /dev/shm/sem.*: POSIX semaphores (multiprocessing's locks, any process on the host), not weights
+        # /dev/shm/sem.*: POSIX semaphores (multiprocessing's locks, any process on the host), not weights;
+        # a WeightSync segment named by another process id: another run's on this host (every segment of a
+        # test's pushes, the learner's and the handoff's, is made by the test's process)
+        name = os.path.basename(event.src_path)
+        segment = SEGMENT_NAME.match(name)
+        foreign = segment is not None and int(segment.group(1)) != os.getpid()
         if event.event_type in ("created", "modified", "moved", "deleted", "closed") and \
-                not event.is_directory and not os.path.basename(event.src_path).startswith("sem."):
+                not event.is_directory and not name.startswith("sem.") and not foreign:
             with self._lock:
                 self.events.append(f"{event.event_type} {event.src_path}")
 
