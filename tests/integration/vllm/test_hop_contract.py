@@ -12,9 +12,9 @@ worker round), full weights and unmerged LoRA adapters alike, against vLLM's CPU
   gone once the version landed.
 
 Four engines (full weights or LoRA, in this process or in processes of their own), each started once and
-closed before the next: the cases are ordered by engine. An engine's start is what takes long (1.5-2.5 min
-on two busy cores), so each case is one test that checks all three in turn. A new hop is one more row of
-`CASES`."""
+closed before the next: the cases are ordered by engine. An engine's start is what takes long (7-19 s on
+this 2-core host when quiet, 1.5-2.5 min when loaded), so each case is one test that checks all three. A
+new hop is one more row of `CASES`."""
 
 from __future__ import annotations
 
