@@ -41,6 +41,8 @@ import torch
 from asyncrlhf.config import load_config
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.hf import sampling_log_softmax
+from asyncrlhf.sampling.hops.hop import HopKind
+from asyncrlhf.sampling.hops.worker_round import WorkerRound
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.collective_member import CollectiveMember
@@ -188,7 +190,7 @@ def push(backend, weights, version: int, dtype: str = "float32", nccl: bool | No
     not None: over the collective route only (NCCL when true, else gloo), received by the engine's worker
     where it joins weight groups (on the engine's GPU, cuda:0: the learner on cuda:1), else by this process
     (on cuda:1, the learner on cuda:0)."""
-    in_engine = backend.engine_member if nccl is not None else None
+    in_engine = backend.hop.rounds if nccl is not None else None
     member = None if nccl is None else in_engine or CollectiveMember("cuda:1" if nccl else "cpu")
     server, port = serve(WeightReceiver(backend, collective=member), access=ServerAccess(TOKEN))
     learner_device = ("cuda:1" if in_engine is not None else "cuda:0") if nccl else "cpu"
@@ -207,11 +209,12 @@ def push(backend, weights, version: int, dtype: str = "float32", nccl: bool | No
             member.close()
     if outcome.status != "ok" or (nccl is not None and outcome.route != Route.COLLECTIVE):
         raise RuntimeError(f"push refused, or not over the route asked: {outcome}")
-    shared = backend.handoff is not None and not backend.in_process
-    handoff = "shm" if shared else "in-process" if backend.in_process else "file"
-    return {"route": str(route), "handoff": "engine worker joined" if in_engine is not None else handoff,
+    # the hop the bytes took when they reached this process: a worker round hands them over by its own
+    handed = backend.hop.handed if isinstance(backend.hop, WorkerRound) else backend.hop
+    handoff = "engine worker joined" if in_engine is not None else str(handed.kind)
+    return {"route": str(route), "handoff": handoff,
             "push_s": round(seconds, 3), "bytes": outcome.bytes,
-            "failed": backend.version != version or not (shared or backend.in_process)}
+            "failed": backend.version != version or handed.kind is HopKind.FILE}
 
 
 def large_model_dir(cache: str) -> Path:
@@ -276,7 +279,8 @@ def smoke_engine(summary: Summary, cfg, state: dict[str, Any], cuda: bool, prefi
 
     def start() -> dict[str, Any]:
         started.append(VLLMBackend.from_config(cfg, tokenizer))
-        return {"out_of_process": not started[0].in_process, "failed": started[0].in_process}
+        local = started[0].hop.kind is HopKind.IN_PROCESS
+        return {"out_of_process": not local, "failed": local}
 
     summary.run(f"{prefix}engine-start", start)
     if not started:

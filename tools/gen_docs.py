@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import enum
 import io
 import json
 import os
@@ -185,6 +186,8 @@ def type_name(annotation: Any) -> str:
         return f"{origin.__name__}[{args}]"
     if annotation is type(None):
         return "None"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # its values, as a Literal's
+        return " \\| ".join(json.dumps(member.value) for member in annotation)
     return getattr(annotation, "__name__", str(annotation))
 
 

@@ -29,14 +29,16 @@ from typing import Any
 import torch
 import xxhash
 
-from asyncrlhf.config import Config
+from asyncrlhf.config import Config, EngineHandoff
 from asyncrlhf.models import load_policy, load_tokenizer
+from asyncrlhf.sampling.hops.file import File
+from asyncrlhf.sampling.hops.hop import EngineHop
+from asyncrlhf.sampling.hops.shared_memory import Handoff, SharedMemory, read
+from asyncrlhf.sampling.hops.worker_round import WorkerRound
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights import handoff
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.codec import PUSH_DTYPES
 from asyncrlhf.weights.collective_sender import CollectiveSender
-from asyncrlhf.weights.handoff import Handoff
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
@@ -49,7 +51,7 @@ TOKEN = "bench"
 def engine_config(cfg: Config) -> Config:
     """The config's model and generator, full weights, the engine in processes of its own."""
     g = cfg.generator
-    vllm = g.vllm.model_copy(update={"engine_in_process": False, "handoff": "shm",
+    vllm = g.vllm.model_copy(update={"engine_in_process": False, "handoff": EngineHandoff.SHM,
                                      "collective_in_engine": True})
     learner = cfg.learner.model_copy(update={"lora": cfg.learner.lora.model_copy(update={"enabled": False})})
     generator = g.model_copy(update={"backend": "vllm", "vllm": vllm, "collective": True})
@@ -73,18 +75,19 @@ def compare(cfg: Config, repeats: int, engine: Any = None) -> dict[str, Any]:
 
     cfg = engine_config(cfg)
     backend = engine or VLLMBackend.from_config(cfg, load_tokenizer(cfg.model))
-    shared = backend.handoff
-    if shared is None or backend.engine_member is None:
+    joined = backend.hop
+    if not isinstance(joined, WorkerRound) or not isinstance(joined.handed, SharedMemory):
         raise RuntimeError("the engine runs in this process, has no shared-memory handoff, or its worker "
                            "cannot join a weight group (run.grpc_tls set?)")
     state = {name: t.detach() for name, t in load_policy(cfg.model).state_dict().items()}
     nbytes = sum(t.numel() for t in state.values()) * PUSH_DTYPES[cfg.learner.push_dtype].itemsize
     times: dict[str, list[float]] = {"shm": [], "file": [], "collective": []}
-    receiver = WeightReceiver(backend, collective=backend.engine_member)
+    receiver = WeightReceiver(backend, collective=joined.member)
     server, port = serve(receiver, access=ServerAccess(TOKEN))
     access, timeout_s = ClientAccess(TOKEN), 600
     collective = CollectiveSender(cfg.learner.collective_host, cfg.learner.collective_bucket_bytes, timeout_s,
                                   access=access)
+    by_file = File(backend.work_dir)
     try:
         target = PushTarget("bench", f"127.0.0.1:{port}")
         with WeightPusher(access, dtype=cfg.learner.push_dtype, timeout_s=timeout_s) as pusher, \
@@ -92,16 +95,17 @@ def compare(cfg: Config, repeats: int, engine: Any = None) -> dict[str, Any]:
                              route_senders=[collective]) as broadcaster:
             step = backend.version  # versions go forward from what the engine serves
             for r in range(repeats + 1):
-                order: list[tuple[str, Handoff | None, WeightPusher]] = [
-                    ("shm", shared, pusher), ("file", None, pusher), ("collective", None, broadcaster)]
-                for mode, handoff, by in order[r % 3:] + order[:r % 3]:
-                    backend.handoff = handoff
+                # the worker round hands over the versions that reach this process by shared memory
+                order: list[tuple[str, EngineHop, WeightPusher]] = [
+                    ("shm", joined, pusher), ("file", by_file, pusher), ("collective", joined, broadcaster)]
+                for mode, hop, by in order[r % 3:] + order[:r % 3]:
+                    backend.hop = hop
                     step += 1
                     weights = {name: t + step * 1e-3 if t.is_floating_point() else t
                                for name, t in state.items()}
                     times[mode].append(_timed_push(by, weights, step, target))
     finally:
-        backend.handoff = shared
+        backend.hop = joined
         server.stop(0)
         if engine is None:
             backend.close()
@@ -128,7 +132,7 @@ def hop_seconds(tensors: dict[str, torch.Tensor], repeats: int, directory: Path)
     try:
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            handoff.read(writer.write(tensors), maps)
+            read(writer.write(tensors), maps)
             shm_s.append(time.perf_counter() - start)
             start = time.perf_counter()
             save_file(tensors, str(path))

@@ -41,7 +41,14 @@ from asyncrlhf.config.learner import (
     PPOLearnerConfig,
 )
 from asyncrlhf.config.loading import load_config, parse_overrides
-from asyncrlhf.config.model import GeneratorConfig, ModelConfig, SamplingConfig, TinyModelConfig, VLLMConfig
+from asyncrlhf.config.model import (
+    EngineHandoff,
+    GeneratorConfig,
+    ModelConfig,
+    SamplingConfig,
+    TinyModelConfig,
+    VLLMConfig,
+)
 from asyncrlhf.config.reward import (
     EvaluatorConfig,
     JudgeScorerConfig,
@@ -68,6 +75,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DeepSpeedConfig",
+    "EngineHandoff",
     "EvaluatorConfig",
     "EvaluatorJudgeConfig",
     "GeneratorConfig",

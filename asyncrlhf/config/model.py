@@ -4,11 +4,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import Field
 
 from asyncrlhf.config.base import Section
+
+
+class EngineHandoff(StrEnum):
+    """`generator.vllm.handoff`: how a verified push reaches the workers of an engine in processes of its own
+    (`asyncrlhf.sampling.hops.factory` turns it into the hop)."""
+
+    AUTO = "auto"  # shared memory where /dev/shm is writable, else a file
+    SHM = "shm"  # one shared-memory segment, rewritten per version
+    FILE = "file"  # a safetensors file per version in the work directory
 
 
 class TinyModelConfig(Section):
@@ -102,8 +112,9 @@ class VLLMConfig(Section):
         "MULTIPROCESSING=0) instead of a process of its own. None: true on CPU (the separate engine process "
         "busy-polls a core, which a small host needs for the model: docs/benchmarks.md), false on GPU (the "
         "separate process overlaps scheduling with the GPU's work).")
-    handoff: Literal["auto", "shm", "file"] = Field(
-        "auto", description="An engine in processes of its own: how a verified push reaches its workers. "
+    handoff: EngineHandoff = Field(
+        EngineHandoff.AUTO, description="An engine in processes of its own: how a verified push reaches its "
+        "workers. "
         "`shm`: one shared-memory segment rewritten per version, checked by the workers before they load "
         "it (no file per version); `file`: a safetensors file per version in the work directory; auto: "
         "shm where /dev/shm is writable, else file. An engine in the generator's process takes the "

@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 import torch
 
 from asyncrlhf.config import SamplingConfig
+from asyncrlhf.sampling.hops.hop import EngineHop
 from asyncrlhf.weights.target import WeightTarget
 
 Finish = Literal["stop", "length"]
@@ -47,6 +48,11 @@ class Backend(WeightTarget, Protocol):
     @property
     def version(self) -> int:
         """The step of the policy version of the live weights (0: none received yet)."""
+
+    @property
+    def hop(self) -> EngineHop | None:
+        """How a verified push reaches an inference engine the backend drives (`asyncrlhf.sampling.hops`);
+        None: the backend's own module takes it (HF)."""
 
     @property
     def context_length(self) -> int | None:

@@ -27,6 +27,7 @@ from asyncrlhf.algorithms.logprobs import token_logprobs
 from asyncrlhf.config import Config, SamplingConfig
 from asyncrlhf.models import CausalLM, is_lora, load_policy, resolve_device, set_threads
 from asyncrlhf.sampling.backend import Completion, Finish, TokenScore
+from asyncrlhf.sampling.hops.hop import EngineHop
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
 from asyncrlhf.weights.target import swap_in
@@ -191,6 +192,11 @@ class HFBackend:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def hop(self) -> EngineHop | None:
+        """None: pushes are swapped into this backend's own module (`apply_weights`), with no engine hop."""
+        return None
 
     @property
     def context_length(self) -> int | None:

@@ -16,13 +16,13 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   docs/benchmarks.md, `bench generator`): the model's own distribution, the definition of
   `Backend.score_tokens` on both backends.
 - Full-weight pushes: every worker loads the tensors through vLLM's own in-place `reload_weights`
-  (`vllm_engine.WeightLoaderExtension`): handed over as they are to an engine in this process (the default
-  on CPU); to an engine in processes of its own (the default on GPU) through the generator's shared-memory
-  handoff (`weights.handoff`: one segment rewritten per version, each tensor checked by the workers before
-  any is loaded), or a safetensors file in the work directory where there is no /dev/shm
+  (`vllm_engine.WeightLoaderExtension`), reached by the engine's hop (`asyncrlhf.sampling.hops`, chosen once
+  when the engine starts, `hops.factory.engine_hop`): handed over as they are to an engine in this process
+  (the default on CPU); to an engine in processes of its own (the default on GPU) through the generator's
+  shared-memory handoff (one segment rewritten per version, each tensor checked by the workers before any is
+  loaded), or a safetensors file in the work directory where there is no /dev/shm
   (`generator.vllm.handoff`); or, over the collective route, straight from the learner's broadcast into the
-  worker, which joins the weight group itself (`generator.vllm.collective_in_engine`,
-  `weights.engine_member`).
+  worker, which joins the weight group itself (`generator.vllm.collective_in_engine`, the worker round).
 - Cached KV blocks were computed by the weights of their time. Every request carries the served version as
   vLLM's `cache_salt` (`cache_salt`: lineage and step), which enters the hash of its first block and so of
   every block after it: a request never reuses blocks another version computed, whether or not sequences
@@ -36,10 +36,9 @@ vLLM is imported only when this backend is built: `pip install 'asyncrlhf[vllm]'
   pushed adapter is folded into a pristine copy of the base weights (W0 + alpha/r * B @ A, no drift over
   versions) and the adapted modules are reloaded as a full-weight push, so sampling runs the plain model
   (vLLM's CPU LoRA kernels halve its tokens/s). Unmerged (the default on GPU): each worker builds vLLM's
-  `LoRAModel` from the adapter tensors (handed over, through the handoff, or the push file as above) and
-  registers it in place of the previous one under the run's one adapter id (`vllm_engine.register_lora`:
-  the handoff's checks first); requests carry a `LoRARequest` of that id, whose path vLLM never reads. No
-  adapter directory.
+  `LoRAModel` from the adapter tensors (through the same hop as full weights) and registers it in place of
+  the previous one under the run's one adapter id (`vllm_engine.register_lora`: the hop's checks first);
+  requests carry a `LoRARequest` of that id, whose path vLLM never reads. No adapter directory.
 The work directory (`<cache root>/work-*`) is deleted by `close()` or at interpreter exit. In batch mode the
 gate guarantees no `generate` call is running while weights change, and serialises every call into the
 engine; in continuous mode every call into the engine is made by the loop's thread (`driver`,
@@ -51,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import shutil
 import tempfile
 import weakref
@@ -63,21 +61,18 @@ import torch
 
 from asyncrlhf.config import Config, LoraConfig, SamplingConfig
 from asyncrlhf.sampling.backend import Completion, TokenScore
+from asyncrlhf.sampling.hops.factory import engine_hop, in_process
+from asyncrlhf.sampling.hops.hop import Adapter, EngineHop
 from asyncrlhf.sampling.vllm_engine import (
     engine_settings,
-    in_process,
     merged_weights,
     merges_lora,
     model_dir_for_vllm,
     pristine_targets,
-    shared_handoff,
     weight_skeleton,
-    worker_joins,
 )
 from asyncrlhf.sampling.vllm_stepping import salted
 from asyncrlhf.version import PolicyVersion
-from asyncrlhf.weights.engine_member import EngineMember, Place, refusal
-from asyncrlhf.weights.handoff import Handoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,10 +111,9 @@ def version_tuple(version: str) -> tuple[int, ...]:
                  for part in version.split("+")[0].split(".")[:3])
 
 
-def _clean_up(work_dir: str, handoff: Handoff | None) -> None:
+def _clean_up(work_dir: str, hop: EngineHop) -> None:
+    hop.close()
     shutil.rmtree(work_dir, ignore_errors=True)
-    if handoff is not None:
-        handoff.close()
 
 
 def peft_adapter_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -162,7 +156,7 @@ def swapping(llm: Any, step: int) -> Iterator[None]:
     step straddles the swap and the label of every step is that of the weights it ran."""
     core = llm.llm_engine.engine_core
     # a core in a process of its own: vLLM's multiprocess clients pass utility calls, its in-process client
-    # has none (which engine runs where is vLLM's choice too, not only `in_process`'s)
+    # has none (which engine runs where is vLLM's choice too, not only `hops.factory.in_process`'s)
     remote = hasattr(core, "call_utility")
     if remote:
         core.call_utility("pause_scheduler", "keep", False)  # returns once no step runs
@@ -176,19 +170,15 @@ def swapping(llm: Any, step: int) -> Iterator[None]:
 
 class VLLMBackend:
     def __init__(self, llm: Any, skeleton: dict[str, torch.Tensor], lora: LoraConfig, work_dir: Path,
-                 pristine: dict[str, torch.Tensor] | None = None, in_process: bool = False,
-                 handoff: Handoff | None = None):
+                 hop: EngineHop, pristine: dict[str, torch.Tensor] | None = None):
         self.llm, self.skeleton, self.lora, self.work_dir = llm, skeleton, lora, work_dir
-        self.in_process = in_process  # the engine's worker is in this process: pushes hand it tensors
-        self.handoff = handoff  # else: its shared-memory handoff (None: a file per version)
-        # the collective route's rounds, received by the engine's worker itself (`engine_member.py`)
-        self.engine_member: EngineMember | None = None
+        self.hop = hop  # how a push reaches the engine's workers (`asyncrlhf.sampling.hops`)
         self.pristine = pristine  # LoRA folded into the weights (`merge_lora`): the base weights, else None
         self._served = PolicyVersion(0, 0)  # nothing pushed yet
         self._lora_request: Any = None
         self.driver: Any = None  # a VLLMStepEngine stepping this engine (continuous mode): requests go to it
         self.recompute_inflight = False  # after a push, running sequences re-compute their KV cache
-        self._cleanup = weakref.finalize(self, _clean_up, str(work_dir), handoff)
+        self._cleanup = weakref.finalize(self, _clean_up, str(work_dir), hop)
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer=None) -> VLLMBackend:
@@ -208,16 +198,10 @@ class VLLMBackend:
         llm = vllm.LLM(**kwargs)
         work_dir = Path(tempfile.mkdtemp(prefix="work-", dir=env["VLLM_CACHE_ROOT"]))
         torch.manual_seed(cfg.run.seed)  # each generate call's vLLM seed is drawn from it
-        local = in_process(cfg, env)
-        backend = cls(llm, skeleton, cfg.learner.lora, work_dir, pristine=pristine, in_process=local,
-                      handoff=None if local or not shared_handoff(cfg) else Handoff())
-        if not local:
+        if not in_process(cfg, env):
             outlive_generator_never(llm)
-        if not local and worker_joins(cfg):  # before any request: the RPC has the engine to itself
-            authkey = secrets.token_bytes(32)
-            ((address, backends),) = llm.collective_rpc("asyncrlhf_join_rounds", args=(authkey,))
-            backend.engine_member = EngineMember(address, authkey, backends)
-        return backend
+        return cls(llm, skeleton, cfg.learner.lora, work_dir, engine_hop(cfg, env, llm, work_dir),
+                   pristine=pristine)
 
     @property
     def version(self) -> int:
@@ -255,40 +239,15 @@ class VLLMBackend:
         return fn() if self.driver is None else self.driver.call(fn)
 
     def _apply(self, tensors: Mapping[str, torch.Tensor], version: PolicyVersion) -> None:
-        held = self.engine_member.held(tensors) if self.engine_member is not None else None
         with swapping(self.llm, version.step):
-            if held is not None:
-                self._load_round(held)
-            elif self.pristine is not None:
-                self._reload(merged_weights(self.pristine, tensors, self.lora))
+            if self.pristine is not None:
+                self.hop.load(self.llm, merged_weights(self.pristine, tensors, self.lora))
             elif self.lora.enabled:
                 self._load_adapter(tensors, version.step)
             else:
-                self._reload(tensors)
+                self.hop.load(self.llm, tensors)
+            self._reset_prefix_cache()
         self._served = version
-
-    def _reload(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
-        if self.in_process:
-            self.llm.collective_rpc("asyncrlhf_reload_weights", args=(dict(tensors),))
-        elif self.handoff is not None:
-            self.llm.collective_rpc("asyncrlhf_reload_shared", args=(self.handoff.write(tensors),))
-        else:
-            path = self.work_dir / "push.safetensors"
-            save_file({name: t.contiguous() for name, t in tensors.items()}, str(path))
-            try:
-                self.llm.collective_rpc("asyncrlhf_reload_weights", args=(str(path),))
-            finally:
-                path.unlink(missing_ok=True)
-        self._reset_prefix_cache()
-
-    def _load_round(self, held: tuple[bytes, int, list[Place]]) -> None:
-        try:
-            self.llm.collective_rpc("asyncrlhf_load_round", args=held)
-        except Exception as err:  # the worker's refusal, its Reason in the message: nothing was loaded
-            raise refusal(err) from err
-        self._reset_prefix_cache()
 
     def _reset_prefix_cache(self) -> None:
         """With `inflight_kv: recompute`, preempt every sequence in flight and empty the cache, so they are
@@ -326,8 +285,10 @@ class VLLMBackend:
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_n, detokenize=False)
         # vLLM's LoRA logits layer looks adapters up per request, not per prompt token: prompt log-probs of
-        # several requests in one step fail (vllm-project/vllm#29955); one request per call computes them.
-        batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
+        # several requests in one step fail (vllm-project/vllm#29955), before the first adapter is pushed too
+        # (the engine's LoRA layers are there from its start); one request per call computes them.
+        lora_kernels = self.lora.enabled and self.pristine is None
+        batches = [[s] for s in sequences] if lora_kernels else [sequences]
         outputs = [o for batch in batches for o in self._run(batch, params)]
         return [[token_score(step, token, top_n)
                  for step, token in zip(o.prompt_logprobs[1:], seq[1:], strict=True)]
@@ -339,23 +300,8 @@ class VLLMBackend:
         never read) named by version, so no cached prefix of another version's adapter is reused."""
         from vllm.lora.request import LoRARequest
 
-        named, peft = peft_adapter_names(tensors), self._peft_config()
-        if self.in_process:
-            self.llm.collective_rpc("asyncrlhf_add_lora", args=(named, ADAPTER_ID, peft))
-        elif self.handoff is not None:
-            manifest = self.handoff.write(named)
-            self.llm.collective_rpc("asyncrlhf_add_lora_shared", args=(manifest, ADAPTER_ID, peft))
-        else:
-            from safetensors.torch import save_file
-
-            path = self.work_dir / "push.safetensors"
-            save_file(named, str(path))
-            try:
-                self.llm.collective_rpc("asyncrlhf_add_lora", args=(str(path), ADAPTER_ID, peft))
-            finally:
-                path.unlink(missing_ok=True)
+        self.hop.load(self.llm, peft_adapter_names(tensors), Adapter(ADAPTER_ID, self._peft_config()))
         self._lora_request = LoRARequest(f"policy-v{version}", ADAPTER_ID, UNREAD_ADAPTER_PATH)
-        self._reset_prefix_cache()
 
     def _peft_config(self) -> dict[str, Any]:
         """The adapter's configuration as vLLM's `PEFTHelper` reads it (plain values: it crosses the RPC)."""
@@ -363,11 +309,9 @@ class VLLMBackend:
         return {"r": lora.r, "lora_alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
 
     def close(self) -> None:
-        """Stop the engine, delete the work directory (push files), remove the handoff segment."""
+        """Stop the engine, close its hop (its segment, its line to the worker), delete the work directory."""
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
-        if self.engine_member is not None:
-            self.engine_member.close()
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self._cleanup()

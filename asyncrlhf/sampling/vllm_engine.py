@@ -9,22 +9,20 @@
   `dtype` follows the learner's (`model.dtype`); another is a warning, never a silent downcast.
   `VLLM_CACHE_ROOT` lives under `model.cache_dir`.
 - `WeightLoaderExtension`: mixed into vLLM's worker (`worker_extension_cls`); `collective_rpc` calls it with
-  HF-named tensors, which the worker hands to vLLM's own in-place `reload_weights` (it maps HF names onto
-  vLLM's fused layers). An engine in this process (`in_process`: the engine core and its one worker here)
-  takes the tensors themselves (`asyncrlhf_reload_weights`). Across processes, tensors in `collective_rpc`
-  arguments would reach the worker as undecoded msgpack objects, so only where they lie crosses the RPC: the
-  manifest of the generator's shared-memory handoff (`asyncrlhf_reload_shared`, `weights.handoff`: the worker
-  checks each tensor's XXH3-64 before loading any), or the path of a safetensors file
-  (`generator.vllm.handoff=file`). With the collective route the worker is the weight group's member itself
-  (`asyncrlhf_join_rounds`, `engine_member.WorkerRounds`): the learner's broadcast lands in the worker, which
-  verifies and loads it at the commit (`asyncrlhf_load_round`). Unmerged LoRA adapters go the same three
-  ways as a version whole (`asyncrlhf_add_lora*`), and each worker builds vLLM's `LoRAModel` from the
-  tensors and registers it (`register_lora`): no adapter directory. vLLM 0.32 also has a weight-transfer
-  engine registry (`WeightTransferEngineFactory.register_engine`, engines configured at engine start by
-  `weight_transfer_config`); the worker extension is used instead because its RPC is one synchronous call
-  whose failure the generator sees before it serves the version, which the receiver's commit needs. Out of
-  process, each worker also watches the generator and ends the engine's processes when it exits
-  (`asyncrlhf_die_with`, `engine_lifetime`).
+  what a push's hop (`asyncrlhf.sampling.hops`) says of where the tensors lie: the tensors themselves (an
+  engine in this process), the manifest of the generator's shared-memory handoff, a safetensors file's path,
+  or a collective round the worker received itself. Across processes, tensors in `collective_rpc` arguments
+  would reach the worker as undecoded msgpack objects, so only where they lie crosses the RPC. The worker
+  reads them back through the hop's worker half (`hops.worker.WorkerEnd`: each checks what it reads before
+  returning any tensor) and hands them to vLLM's own in-place `reload_weights` (it maps HF names onto vLLM's
+  fused layers) (`asyncrlhf_load`), or, an unmerged LoRA adapter, builds vLLM's `LoRAModel` from them and
+  registers it (`asyncrlhf_add_lora`, `register_lora`): no adapter directory. For the worker round the worker
+  is the weight group's member itself (`asyncrlhf_join_rounds`, `hops.engine_member.WorkerRounds`). vLLM 0.32
+  also has a weight-transfer engine registry (`WeightTransferEngineFactory.register_engine`, engines
+  configured at engine start by `weight_transfer_config`); the worker extension is used instead because its
+  RPC is one synchronous call whose failure the generator sees before it serves the version, which the
+  receiver's commit needs. Out of process, each worker also watches the generator and ends the engine's
+  processes when it exits (`asyncrlhf_die_with`, `engine_lifetime`).
 """
 
 from __future__ import annotations
@@ -43,11 +41,9 @@ from asyncrlhf import engine_lifetime
 from asyncrlhf.config import Config, LoraConfig, ModelConfig
 from asyncrlhf.model_sources import resolve_model_dir
 from asyncrlhf.models import load_policy, resolve_device, wrap_lora
-from asyncrlhf.weights import handoff
+from asyncrlhf.sampling.hops.engine_member import tagged
+from asyncrlhf.sampling.hops.worker import WorkerEnd
 from asyncrlhf.weights.codec import adapter_tensors
-from asyncrlhf.weights.engine_member import WorkerRounds, tagged
-from asyncrlhf.weights.handoff import Manifest
-from asyncrlhf.weights.shm_read import SegmentMaps
 from asyncrlhf.weights.vocabulary import PushRejected
 
 log = logging.getLogger(__name__)
@@ -61,18 +57,20 @@ BF16_VS_FP32_GAP_NATS = 0.37
 class WeightLoaderExtension:
     """Methods `collective_rpc` can call on every vLLM worker."""
 
-    def asyncrlhf_reload_weights(self, weights: str | Mapping[str, torch.Tensor]) -> int:
-        """Load tensors handed over in this process, or those of a safetensors file (`handoff=file`)."""
-        from safetensors.torch import load_file
+    def asyncrlhf_load(self, kind: str, message: Any) -> int:
+        """Load the weights hop `kind` handed over as `message` once its worker half has checked them."""
+        named = self._asyncrlhf_received(kind, message)
+        self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
+        self._asyncrlhf_sync()
+        return len(named)
 
-        named = load_file(weights) if isinstance(weights, str) else weights
-        return self._asyncrlhf_load(named)
-
-    def asyncrlhf_reload_shared(self, manifest: Manifest) -> int:
-        """Load the version the generator wrote into its handoff segment, once every tensor's bytes check
-        (`handoff.read` raises before anything is loaded otherwise)."""
-        maps = self.__dict__.setdefault("_asyncrlhf_maps", SegmentMaps())  # kept across versions
-        return self._asyncrlhf_load(handoff.read(manifest, maps))
+    def asyncrlhf_add_lora(self, kind: str, message: Any, lora_id: int, peft: dict[str, Any]) -> int:
+        """Register the adapter hop `kind` handed over as `message` under `lora_id` (`register_lora`), once
+        its worker half has checked it."""
+        named = self._asyncrlhf_received(kind, message)
+        count = register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
+        self._asyncrlhf_sync()
+        return count
 
     def asyncrlhf_die_with(self, generator_pid: int) -> list[int]:
         """End this worker and its engine core when the generator exits (`engine_lifetime.die_with`)."""
@@ -82,46 +80,22 @@ class WeightLoaderExtension:
         """Take the collective route's rounds in this worker (`engine_member.WorkerRounds`): the address the
         generator sends each round's slot to (authenticated by `authkey`), and the backends it offers. Asked
         again, it starts anew with the new key."""
-        old = self.__dict__.get("_asyncrlhf_rounds")
-        if old is not None:
-            old.close()
-        device = str(self.device)  # type: ignore[attr-defined]
-        rounds = self.__dict__["_asyncrlhf_rounds"] = WorkerRounds(device, authkey)
+        rounds = self._asyncrlhf_end().join(str(self.device), authkey)  # type: ignore[attr-defined]
         return rounds.address, list(rounds.backends)
 
-    def asyncrlhf_load_round(self, group: bytes, round_id: int, places: list) -> int:
-        """Load a round this worker received, once every tensor's bucket and bytes check (`WorkerRounds.take`
-        raises before anything is loaded otherwise; the refusal's `Reason` travels in the message)."""
+    def _asyncrlhf_received(self, kind: str, message: Any) -> Mapping[str, torch.Tensor]:
+        """The verified tensors, or a refusal whose `Reason` travels in the message (vLLM's RPC re-raises a
+        worker's error as its text)."""
         try:
-            named = self.__dict__["_asyncrlhf_rounds"].take(group, round_id, [tuple(p) for p in places])
+            return self._asyncrlhf_end().received(kind, message)
         except PushRejected as err:
             raise RuntimeError(tagged(err)) from None
-        return self._asyncrlhf_load(named)
 
-    def _asyncrlhf_load(self, named: Mapping[str, torch.Tensor]) -> int:
-        self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
-        self._asyncrlhf_sync()
-        return len(named)
-
-    def asyncrlhf_add_lora(self, weights: str | Mapping[str, torch.Tensor], lora_id: int,
-                           peft: dict[str, Any]) -> int:
-        """Register an adapter handed over in this process (or read from a safetensors file,
-        `handoff=file`) under `lora_id` (`register_lora`)."""
-        from safetensors.torch import load_file
-
-        named = load_file(weights) if isinstance(weights, str) else weights
-        count = register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
-        self._asyncrlhf_sync()
-        return count
-
-    def asyncrlhf_add_lora_shared(self, manifest: Manifest, lora_id: int, peft: dict[str, Any]) -> int:
-        """Register the adapter the generator wrote into its handoff segment, once every tensor's bytes
-        check (`handoff.read` raises before anything is registered otherwise)."""
-        maps = self.__dict__.setdefault("_asyncrlhf_maps", SegmentMaps())
-        named = handoff.read(manifest, maps)
-        count = register_lora(self.model_runner.lora_manager, named, lora_id, peft)  # type: ignore[attr-defined]
-        self._asyncrlhf_sync()
-        return count
+    def _asyncrlhf_end(self) -> WorkerEnd:
+        end = self.__dict__.get("_asyncrlhf_worker_end")
+        if end is None:
+            end = self.__dict__["_asyncrlhf_worker_end"] = WorkerEnd()
+        return end
 
     def _asyncrlhf_sync(self) -> None:
         device = self.device  # type: ignore[attr-defined]
@@ -194,32 +168,6 @@ def engine_settings(cfg: Config, model_dir: Path) -> tuple[dict[str, Any], dict[
     if lora.enabled and not merges_lora(cfg):
         kwargs.update(enable_lora=True, max_lora_rank=lora.r, max_loras=1)
     return kwargs, env
-
-
-def in_process(cfg: Config, env: Mapping[str, str]) -> bool:
-    """Whether the engine core and its only worker run in this process (`engine_settings`' env): then a push
-    hands them tensors, not a file."""
-    return env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and cfg.generator.tensor_parallel_size == 1
-
-
-def shared_handoff(cfg: Config) -> bool:
-    """Whether an engine out of this process gets pushes through shared memory (`generator.vllm.handoff`),
-    not a file."""
-    choice = cfg.generator.vllm.handoff
-    if choice == "shm" and not handoff.available():
-        raise RuntimeError("generator.vllm.handoff=shm needs a writable /dev/shm with open-file-description "
-                           "locks on this host; set generator.vllm.handoff=auto (a file where there is none)")
-    return choice == "shm" or (choice == "auto" and handoff.available())
-
-
-def worker_joins(cfg: Config) -> bool:
-    """Whether an engine out of this process takes the collective route's rounds in its worker
-    (`generator.vllm.collective_in_engine`): full-weight pushes (LoRA adapters are folded or registered in the
-    generator's process first), one worker (each member of a weight group is one rank), and a weight group
-    offered (`generator.collective`, never beside TLS)."""
-    g = cfg.generator
-    return (g.vllm.collective_in_engine and g.collective and not cfg.run.grpc_tls.serves_tls
-            and g.tensor_parallel_size == 1 and not cfg.learner.lora.enabled)
 
 
 def merges_lora(cfg: Config) -> bool:

@@ -14,9 +14,8 @@ atomically. One module per concern:
       channel.py           the data channel
       shm.py, shm_read.py  shared memory: learner end, generator end (registered there)
       collective.py        a broadcast round, both ends' shared part; collective_sender.py the learner end,
-                           collective_member.py the generator end (registered there)
-      engine_member.py     the collective route received by an inference engine's worker; handoff.py,
-                           line.py: that worker's shared-memory handoff and its line to the generator
+                           collective_member.py the generator end (registered there); an inference
+                           engine's worker receiving it: `asyncrlhf.sampling.hops` (engine_member.py)
     receiver.py    stage, verify, atomic swap (`WeightReceiver`); leases.py: bytes adopted in place
     server.py      the gRPC servicer (proto <-> receiver, refusals -> status codes in one place), `serve`
     pusher.py      the learner's side: probe -> route -> sender, to many servers at once

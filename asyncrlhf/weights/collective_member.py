@@ -56,7 +56,7 @@ class Round(Protocol):
 
 class Member(Protocol):
     """What a receiver joins rounds through: a `CollectiveMember` (this process receives the buckets) or an
-    `engine_member.EngineMember` (its inference engine's worker does)."""
+    `sampling.hops.engine_member.EngineMember` (its inference engine's worker does)."""
 
     backends: tuple[str, ...]
 

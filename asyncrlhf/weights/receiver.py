@@ -57,7 +57,8 @@ class PushResult:
 
     @property
     def relayable(self) -> bool:
-        """Whether every tensor's bytes are here to forward (none in an engine's worker: `engine_member`)."""
+        """Whether every tensor's bytes are here to forward (none in an engine's worker:
+        `sampling.hops.engine_member`)."""
         return len(self.snapshot.tensors) == self.tensor_count
 
 
@@ -158,10 +159,10 @@ class Staging:
 
 class Elsewhere:
     """One tensor whose bytes stay in a process that verifies them at the commit (an inference engine's
-    worker: `engine_member.py`). The receiver checks its message as any other (name, shape, dtype, offset,
-    one message for the whole tensor) and stages a placeholder, a meta tensor of the tensor's shape and
-    dtype, which the target turns into the verified tensor or refuses. No bytes here: neither a delta's base
-    nor a relay's to forward."""
+    worker: `sampling/hops/engine_member.py`). The receiver checks its message as any other (name, shape,
+    dtype, offset, one message for the whole tensor) and stages a placeholder, a meta tensor of the tensor's
+    shape and dtype, which the target turns into the verified tensor or refuses. No bytes here: neither a
+    delta's base nor a relay's to forward."""
 
     lease = None
 
@@ -246,12 +247,12 @@ class _Sources:
 
 class WeightReceiver:
     """Stages pushes and applies each atomically on commit; pushes are handled one at a time. `ends`: the
-    generator's standing end of a route, by the route's name (`data`: a `channel.DataListener`;
-    `collective`: the weight groups it joins, `collective_member.CollectiveMember`, or
-    `engine_member.EngineMember` when an inference engine's worker receives them); a route with a `standing`
-    end of its own gets one made here. Byte pushes are staged into `Buffers` kept between pushes; same-host
-    pushes are verified and adopted where they lie, the leases kept by `Holds` for as long as a live tensor
-    views them or a relay reads them."""
+    generator's standing end of a route, by the route's name (`data`: a `channel.DataListener`; `collective`:
+    the weight groups it joins, `collective_member.CollectiveMember`, or
+    `sampling.hops.engine_member.EngineMember` when an inference engine's worker receives them); a route with
+    a `standing` end of its own gets one made here. Byte pushes are staged into `Buffers` kept between pushes;
+    same-host pushes are verified and adopted where they lie, the leases kept by `Holds` for as long as a live
+    tensor views them or a relay reads them."""
 
     def __init__(self, target: WeightTarget, version: PolicyVersion = NO_VERSION, **ends: Any):
         self.target = target

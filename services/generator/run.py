@@ -17,13 +17,13 @@ from asyncrlhf.models import load_tokenizer
 from asyncrlhf.registry import Heartbeat
 from asyncrlhf.sampling import Backend, create_backend
 from asyncrlhf.sampling.hf import HFBackend
+from asyncrlhf.sampling.hops.engine_member import EngineMember
 from asyncrlhf.sampling.vllm import VLLMBackend
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.service import HttpServer, check_bind
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import GENERATOR_GROUP, PROMPTS, ROLLOUTS, RunStreams, connect
 from asyncrlhf.streams.holding import PendingHolder
-from asyncrlhf.weights.engine_member import EngineMember
 from services.generator.continuous import ContinuousLoop
 from services.generator.episodes import EpisodeGroups
 from services.generator.http import make_http_app

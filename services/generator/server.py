@@ -122,8 +122,9 @@ def start_weight_sync(cfg: Config, swap: WeightSwap) -> WeightSyncServer:
     data = DataListener(host, cfg.generator.data_port, tls=access.data_tls) if cfg.generator.data_channel \
         else None
     # gloo and NCCL carry no TLS: no weight group beside a TLS WeightSync
-    # the engine's worker joins weight groups itself where it can (vLLM out of process), else this process
-    engine: Member | None = getattr(swap.backend, "engine_member", None)
+    # the engine's worker joins weight groups itself where its hop takes the rounds there, else this process
+    hop = swap.backend.hop
+    engine = hop.rounds if hop is not None else None
     collective = (engine or CollectiveMember(resolved(cfg.generator.device))) \
         if cfg.generator.collective and access.credentials is None else None
     # After a restart: no version until the learner pushes one.

@@ -1,15 +1,21 @@
-"""The engine the vLLM tests share (started once per module, eager, fp32, on vLLM's CPU build here) and the
-HF reference they compare it with."""
+"""The engine the vLLM tests share (started once per module, eager, fp32, on vLLM's CPU build here), the HF
+reference they compare it with, a watch on the files a push writes, and a handoff whose bytes change after
+it hashed them."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 
 import torch
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
 from asyncrlhf.config import Config, SamplingConfig, load_config
 from asyncrlhf.sampling import TokenScore
 from asyncrlhf.sampling.hf import HFBackend, sampling_log_softmax
+from asyncrlhf.sampling.hops.shared_memory import Handoff
+from asyncrlhf.weights.shm import SEGMENT_NAME
 
 # The tiny model with head size 32 (64 / 2), one vLLM's CPU attention supports; fp32 like the learner.
 OVERRIDES = ["model.tiny.heads=2", "model.dtype=float32", "generator.backend=vllm", "generator.device=cpu",
@@ -58,3 +64,39 @@ def score_gap(ours: list[list[TokenScore]], theirs: list[list[TokenScore]]) -> f
             b = dict(top_b)
             gaps += [abs(lp - b.get(i, top_b[-1][1])) for i, lp in top_a]
     return max(gaps)
+
+
+class Writes(FileSystemEventHandler):
+    """Every file created, written, moved or deleted under the watched directories."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self._lock = threading.Lock()
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        # /dev/shm/sem.*: POSIX semaphores (multiprocessing's locks, any process on the host), not weights;
+        # a WeightSync segment named by another process id: another run's on this host (every segment of a
+        # test's pushes, the learner's and the handoff's, is made by the test's process)
+        name = os.path.basename(event.src_path)
+        segment = SEGMENT_NAME.match(name)
+        foreign = segment is not None and int(segment.group(1)) != os.getpid()
+        if event.event_type in ("created", "modified", "moved", "deleted", "closed") and \
+                not event.is_directory and not name.startswith("sem.") and not foreign:
+            with self._lock:
+                self.events.append(f"{event.event_type} {event.src_path}")
+
+    def take(self) -> list[str]:
+        with self._lock:
+            events, self.events = self.events, []
+        return events
+
+
+
+class Corrupting(Handoff):
+    """A handoff whose segment changes after it was written and hashed (what a stray writer would do)."""
+
+    def write(self, tensors):
+        manifest = super().write(tensors)
+        _, _, _, offset, _, _ = manifest["tensors"][0]
+        self.segment.map[offset] ^= 0xFF
+        return manifest

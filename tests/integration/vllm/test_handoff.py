@@ -1,9 +1,9 @@
 """Pushes into a vLLM engine that runs in a process of its own (`generator.vllm.engine_in_process=false`, the
-GPU default), through its shared-memory handoff: over every route, the engine serves the pushed model's
-log-probs, and no file is created or written per version (a watchdog observer on the cache directory, the
-engine's work directory within it, and on /dev/shm); bytes that change between the generator's check and
-the worker's load are refused by the worker, and the engine keeps serving the old version. Over the
-collective route the engine's worker joins the weight group itself and checks each bucket. Stepped
+GPU default), its worker taking the collective route's rounds and every other route's versions handed over
+by shared memory: over every route, the engine serves the pushed model's log-probs, and no file is created
+or written per version (a watchdog observer on the cache directory, the engine's work directory within it,
+and on /dev/shm). The generator service offers the engine's worker to the learner's weight groups. (What
+every hop guarantees, refusals included: `test_hop_contract.py`.) Stepped
 continuously, the engine process's own account labels every token with the weights that sampled it, though
 it samples ahead of the loop that reads the tokens; a prompt seen before a push is prefilled again by the new
 weights, though sequences in flight keep the prefix cache from being reset; and a generator's loop is the only
@@ -11,13 +11,11 @@ thread that talks to the engine while pushes arrive over gRPC as groups are adde
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 import torch
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
@@ -25,49 +23,27 @@ from asyncrlhf.bench.enginepush import compare, report
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.hops.hop import HopKind
+from asyncrlhf.sampling.hops.shared_memory import SharedMemory
 from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.sampling.vllm_stepping import VLLMStepEngine
 from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams import PAYLOAD_FIELD, PROMPTS, ROLLOUTS, RunStreams, run_key
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.channel import DataListener
-from asyncrlhf.weights.collective_sender import CollectiveSender
-from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver
 from asyncrlhf.weights.server import serve
 from asyncrlhf.weights.shm import SHM_DIR
-from asyncrlhf.weights.stream import StreamSender
-from asyncrlhf.weights.vocabulary import Reason, Route
+from asyncrlhf.weights.vocabulary import Route
 from services.generator.metrics import GeneratorMetrics
 from services.generator.run import GeneratorService
 from services.generator.server import WeightSwap, start_weight_sync
-from tests.integration.vllm.helpers import PARITY_ATOL, max_gap, reference_logprobs, vllm_config
-from tests.integration.weights.routes import FlippingSender
+from tests.integration.vllm.helpers import PARITY_ATOL, Writes, max_gap, reference_logprobs, vllm_config
 from tests.unit.generator.peaked import perturbed_state_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 SAMPLING = SamplingConfig(temperature=0.8, max_new_tokens=6)
-
-
-class Writes(FileSystemEventHandler):
-    """Every file created, written, moved or deleted under the watched directories."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        self._lock = threading.Lock()
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        # /dev/shm/sem.*: POSIX semaphores (multiprocessing's locks, any process on the host), not weights
-        if event.event_type in ("created", "modified", "moved", "deleted", "closed") and \
-                not event.is_directory and not os.path.basename(event.src_path).startswith("sem."):
-            with self._lock:
-                self.events.append(f"{event.event_type} {event.src_path}")
-
-    def take(self) -> list[str]:
-        with self._lock:
-            events, self.events = self.events, []
-        return events
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +56,7 @@ def engine(tmp_path_factory):
     backend = VLLMBackend.from_config(cfg, tokenizer)
     prompts = encode_prompts(tokenizer, ["hello", "a longer prompt than that"], cfg.model)
     yield cfg, cache, backend, prompts
-    segment = backend.handoff.segment
+    segment = backend.hop.handed.handoff.segment
     backend.close()
     assert segment is None or not segment.path.exists()
 
@@ -98,7 +74,8 @@ def weightsync(engine):
 @pytest.mark.parametrize("route", [Route.SHM, Route.DATA, Route.STREAM])
 def test_every_route_reaches_an_engine_process_with_no_file_per_version(engine, weightsync, route):
     cfg, cache, backend, prompts = engine
-    assert not backend.in_process and backend.handoff is not None
+    assert backend.hop.kind is HopKind.WORKER_ROUND and isinstance(backend.hop.handed, SharedMemory)
+    handoff = backend.hop.handed.handoff  # the worker round hands over by shared memory what reaches us
     learner = load_policy(cfg.model).eval()
     writes = Writes()
     observer = Observer()
@@ -111,7 +88,7 @@ def test_every_route_reaches_an_engine_process_with_no_file_per_version(engine, 
         warm = perturbed_state_dict(learner, seed=start + 1, scale=0.2)
         (outcome,) = pusher.push(warm, PolicyVersion(0, start + 1), [weightsync])
         assert outcome.status == "ok", outcome.detail
-        segment = backend.handoff.segment.name
+        segment = handoff.segment.name
         observer.start()
         try:
             for step in (start + 2, start + 3, start + 4):
@@ -126,44 +103,8 @@ def test_every_route_reaches_an_engine_process_with_no_file_per_version(engine, 
             observer.stop()
             observer.join()
     assert writes.take() == []
-    assert backend.handoff.segment.name == segment  # rewritten in place, version after version
+    assert handoff.segment.name == segment  # rewritten in place, version after version
     assert not list(backend.work_dir.iterdir())
-
-
-class Corrupting(Handoff):
-    """A handoff whose segment changes after it was written and hashed (what a stray writer would do)."""
-
-    def write(self, tensors):
-        manifest = super().write(tensors)
-        _, _, _, offset, _, _ = manifest["tensors"][0]
-        self.segment.map[offset] ^= 0xFF
-        return manifest
-
-
-def test_bytes_that_change_after_the_check_are_refused_by_the_worker_and_the_old_version_serves(
-        engine, weightsync):
-    cfg, _, backend, prompts = engine
-    learner = load_policy(cfg.model).eval()
-    good = perturbed_state_dict(learner, seed=40, scale=0.2)
-    served = backend.version + 1
-    with WeightPusher(routes=(Route.STREAM,)) as pusher:
-        (outcome,) = pusher.push(good, PolicyVersion(0, served), [weightsync])
-        assert outcome.status == "ok", outcome.detail
-        learner.load_state_dict(good)
-        honest, backend.handoff = backend.handoff, Corrupting()
-        try:
-            bad = perturbed_state_dict(learner, seed=41, scale=0.2)
-            with pytest.raises(Exception, match=HandoffMismatch.__name__ + "|not those the generator"):
-                backend.apply_weights(bad, PolicyVersion(0, served + 1))
-            (outcome,) = pusher.push(bad, PolicyVersion(0, served + 1), [weightsync])
-            assert outcome.status != "ok"
-        finally:
-            backend.handoff.close()
-            backend.handoff = honest
-    assert backend.version == served
-    groups = backend.generate(prompts, 2, SAMPLING)
-    assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL
-    assert torch.isfinite(torch.tensor([lp for g in groups for c in g for lp in c.logprobs])).all()
 
 
 def test_a_continuous_engine_process_labels_each_token_with_the_weights_that_sampled_it(engine):
@@ -205,52 +146,6 @@ def test_a_continuous_engine_process_labels_each_token_with_the_weights_that_sam
     assert straddled, "no sample was sampled by both versions: lengthen the sampling"
 
 
-def test_the_engine_worker_joins_the_weight_group_and_serves_each_broadcast_version(engine):
-    # The collective route received by the engine process's worker itself: the buckets never pass through the
-    # generator's process, no file is made, the served log-probs move to the pushed model's, and a bucket
-    # changed after the learner hashed it is refused by the worker with the old version serving.
-    cfg, cache, backend, prompts = engine
-    member = backend.engine_member
-    assert member is not None and member.backends == ("gloo",)
-    server, port = serve(WeightReceiver(backend, collective=member))
-    target = PushTarget("vllm-engine-member", f"127.0.0.1:{port}")
-    learner = load_policy(cfg.model).eval()
-    writes = Writes()
-    observer = Observer()
-    observer.schedule(writes, str(cache), recursive=True)
-    observer.schedule(writes, str(SHM_DIR), recursive=False)
-    bucket = 64 << 10  # the tiny model (451 KiB) in several buckets
-    try:
-        with WeightPusher(route_senders=[CollectiveSender(bucket_bytes=bucket, timeout_s=60.0),
-                                         StreamSender(64 << 10)], timeout_s=120) as pusher:
-            observer.start()
-            for step in range(backend.version + 1, backend.version + 4):
-                weights = perturbed_state_dict(learner, seed=100 + step, scale=0.2)
-                before = backend.generate(prompts, 2, SAMPLING)
-                (outcome,) = pusher.push(weights, PolicyVersion(0, step), [target])
-                assert (outcome.status, outcome.route) == ("ok", Route.COLLECTIVE), outcome.detail
-                assert backend.version == step
-                learner.load_state_dict(weights)
-                assert max_gap(learner, prompts, before, SAMPLING) > 10 * PARITY_ATOL  # not yet served...
-                groups = backend.generate(prompts, 2, SAMPLING)
-                assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL  # ...and now served
-            served = backend.version
-            with WeightPusher(route_senders=[FlippingSender(bucket_bytes=bucket, timeout_s=60.0)],
-                              timeout_s=120) as flipping:
-                bad = perturbed_state_dict(learner, seed=7, scale=0.2)
-                (outcome,) = flipping.push(bad, PolicyVersion(0, served + 1), [target])
-            assert (outcome.status, outcome.reason) == ("rejected", Reason.BAD_CHECKSUM), outcome.detail
-            assert "bucket 1 as the worker received it" in outcome.detail
-    finally:
-        observer.stop()
-        observer.join()
-        server.stop(0)
-    assert writes.take() == []
-    assert backend.version == served
-    groups = backend.generate(prompts, 2, SAMPLING)
-    assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL
-
-
 def test_the_generator_service_offers_its_engine_workers_weight_group(engine):
     # `start_weight_sync` (the generator service) joins weight groups through the engine's worker, and a
     # learner configured with the collective route broadcasts to it
@@ -259,7 +154,7 @@ def test_the_generator_service_offers_its_engine_workers_weight_group(engine):
     server = start_weight_sync(cfg, WeightSwap(backend, BackendGate(), GeneratorMetrics("gen-vllm")))
     target = PushTarget("gen-vllm", server.address)
     try:
-        assert server.collective is backend.engine_member
+        assert server.collective is backend.hop.rounds is not None
         weights = perturbed_state_dict(load_policy(cfg.model).eval(), seed=55, scale=0.2)
         with WeightPusher.from_config(cfg, routes=(Route.STREAM,)) as pusher:
             (outcome,) = pusher.push(weights, PolicyVersion(0, backend.version + 1), [target])
@@ -277,7 +172,8 @@ def test_the_push_bench_times_every_path_into_the_engine_process(engine):
     assert all(s > 0 for t in result["times"].values() for s in t)
     assert result["collective_ratio"] == result["collective_step_to_serve_s"] / result["file_step_to_serve_s"]
     assert any("collective, received by the engine's worker" in line for line in report(result))
-    assert backend.handoff is not None and not list(backend.work_dir.iterdir())  # restored, no file left
+    assert backend.hop.kind is HopKind.WORKER_ROUND  # restored
+    assert not list(backend.work_dir.iterdir())  # no file left
 
 
 def test_after_a_push_a_prompt_seen_before_is_prefilled_by_the_new_weights_while_sequences_run(engine):

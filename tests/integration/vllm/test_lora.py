@@ -2,8 +2,8 @@
 the weights (`generator.vllm.merge_lora`, the CPU default): adapter versions 1, 2, 3 each give the log-probs
 HF + PEFT give with that adapter, sampling and scoring (`score_tokens`, what the API's log-probs are); the
 previous adapter is unloaded; closing the backend deletes the work directory. Unmerged adapters are registered
-in the engine's workers from their tensors, with no file per version (`test_lora_handoff.py`), under one
-adapter id: a sequence in flight across a push (continuous mode) goes on with the new adapter."""
+in the engine's workers from their tensors, with no file per version (every hop: `test_hop_contract.py`),
+under one adapter id: a sequence in flight across a push (continuous mode) goes on with the new adapter."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from asyncrlhf.config import SamplingConfig
 from asyncrlhf.models import encode_prompts, load_policy, load_tokenizer
 from asyncrlhf.sampling.continuous import ContinuousSampler, GroupPrompt
+from asyncrlhf.sampling.hops.hop import HopKind
 from asyncrlhf.sampling.single_turn import Completions, Progress
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.codec import adapter_tensors
@@ -49,7 +50,7 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
                       f"generator.vllm.engine_in_process={str(in_process).lower()}")
     tokenizer = load_tokenizer(cfg.model)
     backend = VLLMBackend.from_config(cfg, tokenizer)
-    assert backend.in_process is in_process
+    assert (backend.hop.kind is HopKind.IN_PROCESS) is in_process
     hf = hf_backend(cfg, tokenizer)
     try:
         prompts = encode_prompts(tokenizer, ["hello", "a longer prompt than that"], cfg.model)
@@ -58,10 +59,7 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
         previous = None
         for version in (1, 2, 3):
             adapter = random_adapter(reference, seed=version)
-            # version 2 of the unmerged case as where there is no /dev/shm (`handoff=file`): one push file
-            backend.in_process = in_process and (merge or version != 2)
             backend.apply_weights(adapter, PolicyVersion(0, version))
-            backend.in_process = in_process
             reference.load_state_dict(adapter, strict=False)
             groups = backend.generate(prompts, 3, SAMPLING)
             assert backend.version == version
@@ -72,7 +70,7 @@ def test_adapter_versions_match_hf_peft_and_old_ones_are_unloaded(tmp_path, merg
             if previous is not None:  # what the last version's samples score now: a different adapter
                 assert max_gap(reference, prompts, previous, SAMPLING) > 0.05
             previous = groups
-            if merge:  # a full-weight reload into an engine without LoRA; the push file deleted
+            if merge:  # a full-weight reload into an engine without LoRA; no push file
                 assert backend.pristine is not None and list(backend.work_dir.iterdir()) == []
                 assert backend.llm.llm_engine.vllm_config.lora_config is None
             else:  # registered from tensors in place of the last one: no adapter directory

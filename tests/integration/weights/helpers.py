@@ -10,11 +10,11 @@ from collections.abc import Collection, Mapping
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from asyncrlhf.sampling.hops.engine_member import EngineMember, WorkerRounds
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.channel import DataListener
 from asyncrlhf.weights.collective_member import CollectiveMember, Member
-from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds
 from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, relay_pusher

@@ -11,6 +11,8 @@ import torch
 
 from asyncrlhf.config import LoraConfig, load_config
 from asyncrlhf.models import load_policy
+from asyncrlhf.sampling.hops import shared_memory
+from asyncrlhf.sampling.hops.factory import shared_handoff
 from asyncrlhf.sampling.vllm import import_vllm, peft_adapter_names, version_tuple
 from asyncrlhf.sampling.vllm_engine import (
     engine_settings,
@@ -19,10 +21,8 @@ from asyncrlhf.sampling.vllm_engine import (
     merges_lora,
     model_dir_for_vllm,
     pristine_targets,
-    shared_handoff,
     weight_skeleton,
 )
-from asyncrlhf.weights import handoff
 from asyncrlhf.weights.codec import adapter_tensors
 
 VLLM = ["generator.backend=vllm", "model.tiny.heads=2"]
@@ -155,9 +155,9 @@ def test_an_engine_process_gets_pushes_through_shared_memory_unless_told_or_ther
     def cfg(choice: str):
         return load_config(["configs/tiny.yaml"], [*VLLM, f"generator.vllm.handoff={choice}"])
 
-    assert shared_handoff(cfg("auto")) is handoff.available()
+    assert shared_handoff(cfg("auto")) is shared_memory.available()
     assert shared_handoff(cfg("file")) is False
-    monkeypatch.setattr(handoff, "shm_host", lambda: "")  # no writable /dev/shm here
+    monkeypatch.setattr(shared_memory, "shm_host", lambda: "")  # no writable /dev/shm here
     assert shared_handoff(cfg("auto")) is False
     with pytest.raises(RuntimeError, match="handoff=shm needs a writable /dev/shm.*handoff=auto"):
         shared_handoff(cfg("shm"))

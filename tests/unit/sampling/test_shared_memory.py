@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrlhf.weights import handoff, shm
-from asyncrlhf.weights.handoff import Handoff, HandoffMismatch
+from asyncrlhf.sampling.hops import shared_memory
+from asyncrlhf.sampling.hops.shared_memory import Handoff, HandoffMismatch
+from asyncrlhf.weights import shm
 from asyncrlhf.weights.shm_read import SegmentMaps
 
 pytestmark = pytest.mark.unit
@@ -27,7 +28,7 @@ def test_versions_read_back_bit_for_bit_through_one_segment_rewritten_in_place(t
     names = set()
     for seed in (1, 2, 3):
         sent = version(seed)
-        got = handoff.read(writer.write(sent), maps)
+        got = shared_memory.read(writer.write(sent), maps)
         assert list(got) == list(sent)
         assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in sent.items())
         names.add(writer.segment.name)
@@ -39,10 +40,10 @@ def test_versions_read_back_bit_for_bit_through_one_segment_rewritten_in_place(t
 
 def test_a_larger_version_moves_to_a_larger_segment_and_removes_the_old_one(tmp_path):
     writer, maps = Handoff(tmp_path), SegmentMaps(tmp_path)
-    handoff.read(writer.write(version(1)), maps)
+    shared_memory.read(writer.write(version(1)), maps)
     first = writer.segment.name
     big = {**version(2), "extra.weight": torch.randn(64, 64)}
-    got = handoff.read(writer.write(big), maps)
+    got = shared_memory.read(writer.write(big), maps)
     assert torch.equal(got["extra.weight"], big["extra.weight"])
     assert [p.name for p in tmp_path.iterdir()] == [writer.segment.name] != [first]
     writer.close()
@@ -54,7 +55,7 @@ def test_bytes_changed_after_the_write_are_refused_before_any_tensor_is_returned
     _, _, _, offset, _, _ = manifest["tensors"][1]
     writer.segment.map[offset] ^= 0xFF  # the norm's first byte, after it was hashed
     with pytest.raises(HandoffMismatch, match="`norm.weight`.*nothing was loaded"):
-        handoff.read(manifest, maps)
+        shared_memory.read(manifest, maps)
     writer.close()
 
 
@@ -63,9 +64,9 @@ def test_a_segment_that_is_gone_or_not_ours_is_refused(tmp_path):
     manifest = writer.write(version(1))
     writer.close()
     with pytest.raises(HandoffMismatch, match="cannot open the handoff segment"):
-        handoff.read(manifest, maps)
+        shared_memory.read(manifest, maps)
     with pytest.raises(HandoffMismatch, match="not a WeightSync segment name"):
-        handoff.read({"segment": "../etc/passwd", "tensors": []}, maps)
+        shared_memory.read({"segment": "../etc/passwd", "tensors": []}, maps)
 
 
 def test_a_handoff_segment_is_held_while_its_generator_lives(tmp_path):

@@ -1,6 +1,6 @@
 """The collective route (`Route.COLLECTIVE`) received by an inference engine's worker itself: the worker (a
 vLLM worker process, on its GPU) is the weight group's member, so a version goes from the learner to the
-engine in one broadcast, never through the generator's process.
+engine in one broadcast, never through the generator's process (the hop: `worker_round.py`).
 
 Two halves, one per process:
 
@@ -18,10 +18,11 @@ Two halves, one per process:
   every route (name, shape, dtype, order, version, token) and stages a placeholder (`receiver.Elsewhere`,
   describing each tensor to the round). At the commit the receiver first waits, on the control line, until
   the worker has staged every bucket (`EngineRound.arrived`), and only then hands the push to the target,
-  whose `apply_weights` takes the generator's engine (paused, in continuous mode) and asks the worker to
-  verify and load the round (`held`: what it asks for): the engine waits for the load, never for the
-  broadcast. A worker that does not answer in time fails that round (`collective_unavailable`: the pusher
-  streams to the generator) and the line is dialled anew for the next.
+  whose `apply_weights` takes the generator's engine (paused, in continuous mode) and asks the worker,
+  through the hop (`worker_round.WorkerRound`), to verify and load the round (`held`: what it asks for):
+  the engine waits for the load, never for the broadcast. A worker that does not answer in time fails that
+  round (`collective_unavailable`: the pusher streams to the generator) and the line is dialled anew for
+  the next.
 
 The generator's receiver and the learner do not change: the learner sees one member per generator, and the
 gRPC control, version order, token and refusals are those of every route. A push refused by the generator
@@ -48,10 +49,10 @@ import xxhash
 from google.protobuf.message import DecodeError
 
 from asyncrlhf._proto import weights_pb2 as pb
+from asyncrlhf.sampling.hops.line import LINE_S, Line, listener
 from asyncrlhf.weights.codec import FROM_WIRE, nbytes_of
 from asyncrlhf.weights.collective import JOIN_TIMEOUT_S
 from asyncrlhf.weights.collective_member import CollectiveMember, MemberRound
-from asyncrlhf.weights.line import LINE_S, Line, listener
 from asyncrlhf.weights.routes import HeldBytes
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
@@ -316,7 +317,7 @@ class EngineMember:
 
     def held(self, tensors: Mapping[str, torch.Tensor]) -> tuple[bytes, int, list[Place]] | None:
         """What to ask the worker for when `tensors` are the staged placeholders of the last round (meta
-        tensors, `InEngine`): (group, round, places), else None (the bytes are here)."""
+        tensors, `HeldBytes`): (group, round, places), else None (the bytes are here)."""
         held = [t.is_meta for t in tensors.values()]
         if not any(held):
             return None

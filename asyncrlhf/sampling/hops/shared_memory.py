@@ -1,5 +1,7 @@
-"""Verified tensors handed to another process on this host through shared memory, with no file per version:
-how a generator gives a pushed version to the workers of a vLLM engine that runs in processes of its own.
+"""The shared-memory hop: verified tensors handed to another process on this host through shared memory,
+with no file per version: how a generator gives a pushed version (or an unmerged LoRA adapter) to the workers
+of a vLLM engine that runs in processes of its own (`generator.vllm.handoff: shm`, or `auto` where /dev/shm
+is writable).
 
 - `Handoff` (the generator's end): one segment in /dev/shm (a `shm.ShmSegment`: mode 0600, flock-held while
   the generator lives, swept by the next pusher if it dies), rewritten version after version; a new one only
@@ -7,6 +9,7 @@ how a generator gives a pushed version to the workers of a vLLM engine that runs
   (`codec.copy_hashed`: the checksum is of the bytes stored, not of their source), and returns a `Manifest`
   of plain values (segment name; per tensor: name, dtype, shape, offset, byte count, XXH3-64), which crosses
   vLLM's `collective_rpc` as msgpack.
+- `SharedMemory`: the hop (`hop.EngineHop`) around a `Handoff`: it writes, then has the workers load.
 - `read` (the worker's end): maps the segment (a private mapping kept across versions, `shm_read.SegmentMaps`:
   mapping pages in costs about as much as hashing them), checks every tensor's XXH3-64 against the manifest,
   and only then returns the tensors (views of the mapping): a worker loads verified bytes or nothing.
@@ -28,7 +31,9 @@ import numpy as np
 import torch
 import xxhash
 
+from asyncrlhf.sampling.hops.hop import Adapter, HopKind, land
 from asyncrlhf.weights.codec import copy_hashed
+from asyncrlhf.weights.collective_member import Member
 from asyncrlhf.weights.shm import SEGMENT_NAME, SHM_DIR, ShmSegment, shm_host
 from asyncrlhf.weights.shm_read import SegmentMaps
 
@@ -97,6 +102,25 @@ class Handoff:
         if self.segment is not None:
             self.segment.close()
             self.segment = None
+
+
+class SharedMemory:
+    """The hop: the version written into `handoff`'s segment, read back and checked by every worker."""
+
+    kind = HopKind.SHM
+
+    def __init__(self, handoff: Handoff | None = None):
+        self.handoff = handoff or Handoff()
+
+    @property
+    def rounds(self) -> Member | None:
+        return None
+
+    def load(self, llm: Any, tensors: Mapping[str, torch.Tensor], adapter: Adapter | None = None) -> None:
+        land(llm, self.kind, self.handoff.write(tensors), adapter)
+
+    def close(self) -> None:
+        self.handoff.close()
 
 
 def read(manifest: Manifest, maps: SegmentMaps) -> dict[str, torch.Tensor]:

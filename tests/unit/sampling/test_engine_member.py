@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights import engine_member
-from asyncrlhf.weights.engine_member import EngineMember, WorkerRounds, refusal, tagged
-from asyncrlhf.weights.line import Line, listener
+from asyncrlhf.sampling.hops import engine_member
+from asyncrlhf.sampling.hops.engine_member import EngineMember, WorkerRounds, refusal, tagged
+from asyncrlhf.sampling.hops.line import Line, listener
 from asyncrlhf.weights.vocabulary import PushRejected, Reason
 
 
