@@ -15,7 +15,7 @@ atomically. One module per concern:
       shm.py, shm_read.py  shared memory: learner end, generator end (registered there)
       collective.py        a broadcast round, both ends' shared part; collective_sender.py the learner end,
                            collective_member.py the generator end (registered there); an inference
-                           engine's worker receiving it: `asyncrlhf.sampling.hops` (engine_member.py)
+                           engine's worker receiving it: `asyncrlhf.sampling.hops.engine_member`
     receiver.py    stage, verify, atomic swap (`WeightReceiver`); leases.py: bytes adopted in place
     server.py      the gRPC servicer (proto <-> receiver, refusals -> status codes in one place), `serve`
     pusher.py      the learner's side: probe -> route -> sender, to many servers at once

@@ -277,9 +277,14 @@ def test_only_the_loops_thread_talks_to_the_engine_while_pushes_arrive_and_group
 
         pusher = threading.Thread(target=pushes, name="learner")
         pusher.start()
-        deadline = time.monotonic() + 180
+        deadline, added = time.monotonic() + 180, 8
         while pusher.is_alive() or service.loop.sampler.groups:
             assert time.monotonic() < deadline, "the loop did not write the groups"
+            if pusher.is_alive() and len(service.loop.sampler.groups) < 2 and added < 32:
+                # groups keep arriving while pushes do, however slow the host, so tokens span versions
+                producer.add(PromptGroup(group_id=f"g{added:08d}", prompt_token_ids=prompts[added % 2], k=2,
+                                         enqueued_at=time.time()))
+                added += 1
             service.loop.step()
         pusher.join()
         refused: list[str] = []
