@@ -6,6 +6,8 @@ A preference v in [0, 1] is how much the judge prefers the answer it was shown f
 (B): 1 A, 0 B, 0.5 a tie (or a judge that cannot tell).
 """
 
+import math
+
 import torch
 
 
@@ -33,12 +35,13 @@ def pairwise_scores(k: int, pairs: torch.Tensor, preference: torch.Tensor, valid
     if pairs.dim() != 2 or pairs.shape[1] != 2 or preference.shape != shape or valid.shape != shape:
         raise ValueError(f"need pairs (P, 2), preference and valid (P,); got {tuple(pairs.shape)}, "
                          f"{tuple(preference.shape)}, {tuple(valid.shape)}")
-    v = preference.double()[valid]
-    a, b = pairs[valid, 0], pairs[valid, 1]
-    share = torch.zeros(k, dtype=torch.float64).index_add_(0, a, v).index_add_(0, b, 1 - v)
-    counted = torch.zeros(k, dtype=torch.float64).index_add_(0, a, torch.ones_like(v)).index_add_(
-        0, b, torch.ones_like(v))
-    return share / counted  # 0 / 0 -> NaN: no valid comparison
+    shares: list[list[float]] = [[] for _ in range(k)]
+    for (first, second), v in zip(pairs[valid].tolist(), preference.double()[valid].tolist(), strict=True):
+        shares[first].append(v)
+        shares[second].append(1 - v)
+    # summed exactly (fsum), so the order the comparisons come in cannot move a score by one ulp: a group's
+    # answers reversed get the same scores, bit for bit
+    return torch.tensor([math.fsum(s) / len(s) if s else math.nan for s in shares], dtype=torch.float64)
 
 
 def judged_preference(policy_first: torch.Tensor, policy_second: torch.Tensor, valid_first: torch.Tensor,
