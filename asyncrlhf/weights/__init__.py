@@ -16,7 +16,9 @@ atomically. One module per concern:
       collective.py        a broadcast round, both ends' shared part; collective_sender.py the learner end,
                            collective_member.py the generator end (registered there); an inference
                            engine's worker receiving it: `asyncrlhf.sampling.hops.engine_member`
-    receiver.py    stage, verify, atomic swap (`WeightReceiver`); leases.py: bytes adopted in place
+    receiver.py    stage, verify, atomic swap (`WeightReceiver`); staging.py: one tensor staged before the
+                   commit (copied, or a placeholder for bytes another process holds); leases.py: bytes
+                   adopted in place
     server.py      the gRPC servicer (proto <-> receiver, refusals -> status codes in one place), `serve`
     pusher.py      the learner's side: probe -> route -> sender, to many servers at once
     delta.py       delta pushes, both ends (entered only when learner.push_delta is on)

@@ -193,7 +193,7 @@ class _Base:
 
 
 class Copied(Protocol):
-    """A delta's own bytes as staged (`receiver.Staging`)."""
+    """A delta's own bytes as staged (`staging.Staging`)."""
 
     name: str
     dtype: torch.dtype
@@ -262,7 +262,7 @@ class DeltaStaging:
 
 
 class Pool(Protocol):
-    """The receiver's staging buffers (`receiver.Buffers`)."""
+    """The receiver's staging buffers (`staging.Buffers`)."""
 
     def reuse(self, name: str, storage: torch.Tensor) -> None: ...
 

@@ -22,7 +22,7 @@ from asyncrlhf.weights.vocabulary import PushRejected, Reason
 class InPlace:
     """One tensor verified where it lies: a view of its bytes (in a same-host segment, read-locked by its
     `Lease`: the pusher cannot rewrite them while this receiver holds it), its pages mapped in and hashed on
-    `worker`. The staged tensor is that view: no copy. `receiver.Staging`'s interface. Read through a mapping
+    `worker`. The staged tensor is that view: no copy. `staging.Staging`'s interface. Read through a mapping
     kept from an earlier version, bytes that fail the checksum are read once more through a fresh mapping (a
     page of the kept one may hold this process's own write)."""
 
@@ -75,7 +75,7 @@ class InPlace:
 
 
 class Staged(Protocol):
-    """A staged tensor of a committed push (`receiver.Staging`, `InPlace`, `delta.DeltaStaging`)."""
+    """A staged tensor of a committed push (`staging.Staging`, `InPlace`, `delta.DeltaStaging`)."""
 
     @property
     def name(self) -> str: ...

@@ -15,7 +15,7 @@ Two halves, one per process:
   not verified, and a refused push leaves the old version serving.
 - `EngineMember`, in the generator, in place of a `CollectiveMember`: `round(slot)` sends the slot to the
   worker and returns once the worker has said it is here. The receiver checks each tensor message as on
-  every route (name, shape, dtype, order, version, token) and stages a placeholder (`receiver.Elsewhere`,
+  every route (name, shape, dtype, order, version, token) and stages a placeholder (`staging.Elsewhere`,
   describing each tensor to the round). At the commit the receiver first waits, on the control line, until
   the worker has staged every bucket (`EngineRound.arrived`), and only then hands the push to the target,
   whose `apply_weights` takes the generator's engine (paused, in continuous mode) and asks the worker,
