@@ -11,7 +11,7 @@ core's process, which vLLM spawns; the worker is where ours runs.
 
 The workers watch only once the engine has started: a generator killed while its engine starts leaves it
 running. `asyncrlhf up` starts each service in a process group of its own and ends what is left of the group
-before it restarts the service (`end_group`).
+before it restarts the service, and when the run stops (`end_group`).
 
 `descendants` and `alive` read /proc: which processes a generator had, and which of them outlived it (tests,
 `asyncrlhf bench chaos`). Linux only, as vLLM is.

@@ -95,6 +95,27 @@ class Service:
                 pass
 
 
+def stop_services(services: Sequence[Service], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to every service at once, the learner first (it checkpoints on SIGTERM, within
+    `run.stop_timeout_s`, after which each service exits by itself); SIGKILL what is left at `grace_s`, so
+    `up` stops within 30 s whatever the services are blocked in. Then whatever a service left in its process
+    group is ended: a generator stopped while its vLLM engine was starting leaves the engine there (the engine
+    watches its generator only once it has started), and it would go on holding its memory and cores."""
+    order = sorted(services, key=lambda s: s.kind != "learner")
+    for svc in order:
+        svc.pending = None
+        svc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for svc in order:
+        if svc.proc:
+            try:
+                svc.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                svc.signal(signal.SIGKILL)
+                svc.proc.wait()
+            end_group(svc.proc.pid)
+
+
 def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str | None) -> list[Service]:
     """The processes of a run, in start order: reward and generators first, the learner, the evaluator.
     `redis_url`: the embedded Redis's, passed to each; None when the config names the server itself."""
@@ -290,21 +311,7 @@ class Launcher:
         print("asyncrlhf up: stopping (the learner writes a checkpoint first)...", flush=True)
 
     def _stop_all(self) -> None:
-        """SIGTERM to every service at once, the learner first (it checkpoints on SIGTERM, within
-        `run.stop_timeout_s`, after which each service exits by itself); SIGKILL what is left at
-        STOP_GRACE_S, so `up` stops within 30 s whatever the services are blocked in."""
-        order = sorted(self.services, key=lambda s: s.kind != "learner")
-        for svc in order:
-            svc.pending = None
-            svc.signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for svc in order:
-            if svc.proc:
-                try:
-                    svc.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    svc.signal(signal.SIGKILL)
-                    svc.proc.wait()
+        stop_services(self.services)
 
     def _summarise(self) -> None:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator

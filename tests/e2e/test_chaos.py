@@ -41,8 +41,8 @@ def test_random_kills_of_every_service_and_redis_lose_nothing(tmp_path, seed):
 
 
 def assert_regenerated_within_the_bound(result: dict, every: int, out: str) -> None:
-    """Tokens sampled twice: at most `save_every_tokens` per sample in flight at a SIGKILL (a SIGTERM hands its
-    samples on and regenerates none, so it adds nothing to the bound)."""
+    """Tokens sampled twice: at most `save_every_tokens` per sample in flight at a SIGKILL (a SIGTERM hands
+    its samples on and regenerates none, so it adds nothing to the bound)."""
     in_flight = result["samples_in_flight_at_kills"]
     # the read before a kill can miss the last engine step (one token per running sample); a generator that
     # did not answer it (busy on 2 shared cores) is not counted: then the figure only errs low

@@ -1,5 +1,5 @@
 """The restart policy of `asyncrlhf up`: back-off that doubles, a cap that is a rate (N in a window); and a
-crashed service's leftover children ended before it restarts."""
+service's leftover children ended, when it crashed before it restarts, and when the run stops."""
 
 import os
 import signal
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from asyncrlhf.engine_lifetime import alive, descendants
-from asyncrlhf.launcher import Service
+from asyncrlhf.launcher import Service, stop_services
 from asyncrlhf.supervision import RestartPolicy, cap_message
 
 pytestmark = pytest.mark.unit
@@ -66,6 +66,32 @@ def test_a_crashed_service_leaves_no_child_behind_when_it_restarts(tmp_path):
         deadline = time.monotonic() + 10
         while alive(children):
             assert time.monotonic() < deadline, "the crashed service's child outlived its restart"
+            time.sleep(0.05)
+    finally:
+        svc.signal(signal.SIGKILL)
+
+
+def test_a_service_stopped_with_the_run_leaves_no_child_behind(tmp_path):
+    # Seen in the staggered chaos run: a generator restarted just before the run's end was SIGTERMed while its
+    # vLLM engine core was still starting (not yet watching it, and deaf to the SIGTERM): the generator
+    # exited, and its `VLLM::EngineCore` went on running after `up` had returned.
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    spawn = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {deaf!r}]); "
+             "time.sleep(60)")
+    svc = Service("generator-0", "generator", [sys.executable, "-c", spawn], dict(os.environ),
+                  tmp_path / "generator-0.log", port=0)
+    svc.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := descendants(svc.proc.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child has set its handler
+        stop_services([svc], grace_s=10)
+        assert svc.proc.poll() is not None  # the service itself exited on the SIGTERM
+        deadline = time.monotonic() + 10
+        while alive(children):
+            assert time.monotonic() < deadline, "a child of the stopped service outlived the run's stop"
             time.sleep(0.05)
     finally:
         svc.signal(signal.SIGKILL)
