@@ -46,27 +46,38 @@ def test_the_cap_message_names_the_service_its_code_the_risk_and_its_log():
     assert "/run/logs/learner.log" in text
 
 
-def test_a_crashed_service_leaves_no_child_behind_when_it_restarts(tmp_path):
-    # A generator SIGKILLed while its vLLM engine was still starting (before the engine watches it) leaves
-    # the engine in its process group: `up` ends the group when it starts the service again.
-    spawn = ("import subprocess, sys, time; "
-             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+def service_with_a_child(tmp_path, child: str) -> tuple[Service, list]:
+    """A started generator-like service whose process runs `child` (Python code) in a child of its own: the
+    service and that child, once it runs."""
+    spawn = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+             "time.sleep(60)")
     svc = Service("generator-0", "generator", [sys.executable, "-c", spawn], dict(os.environ),
                   tmp_path / "generator-0.log", port=0)
     svc.start()
+    deadline = time.monotonic() + 30
+    while not (children := descendants(svc.proc.pid)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return svc, children
+
+
+def gone(children: list, why: str) -> None:
+    deadline = time.monotonic() + 10
+    while alive(children):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
+def test_a_crashed_service_leaves_no_child_behind_when_it_restarts(tmp_path):
+    # A generator SIGKILLed while its vLLM engine was still starting (before the engine watches it) leaves
+    # the engine in its process group: `up` ends the group when it starts the service again.
+    svc, children = service_with_a_child(tmp_path, "import time; time.sleep(60)")
     try:
-        deadline = time.monotonic() + 30
-        while not (children := descendants(svc.proc.pid)):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         os.kill(svc.proc.pid, signal.SIGKILL)  # the service only: its child lives on, re-parented
         svc.wait(10)
         assert alive(children)
         svc.start()  # the restart
-        deadline = time.monotonic() + 10
-        while alive(children):
-            assert time.monotonic() < deadline, "the crashed service's child outlived its restart"
-            time.sleep(0.05)
+        gone(children, "the crashed service's child outlived its restart")
     finally:
         svc.signal(signal.SIGKILL)
 
@@ -76,22 +87,11 @@ def test_a_service_stopped_with_the_run_leaves_no_child_behind(tmp_path):
     # vLLM engine core was still starting (not yet watching it, and deaf to the SIGTERM): the generator
     # exited, and its `VLLM::EngineCore` went on running after `up` had returned.
     deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    spawn = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {deaf!r}]); "
-             "time.sleep(60)")
-    svc = Service("generator-0", "generator", [sys.executable, "-c", spawn], dict(os.environ),
-                  tmp_path / "generator-0.log", port=0)
-    svc.start()
+    svc, children = service_with_a_child(tmp_path, deaf)
     try:
-        deadline = time.monotonic() + 30
-        while not (children := descendants(svc.proc.pid)):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         time.sleep(0.5)  # the child has set its handler
         stop_services([svc], grace_s=10)
         assert svc.proc.poll() is not None  # the service itself exited on the SIGTERM
-        deadline = time.monotonic() + 10
-        while alive(children):
-            assert time.monotonic() < deadline, "a child of the stopped service outlived the run's stop"
-            time.sleep(0.05)
+        gone(children, "a child of the stopped service outlived the run's stop")
     finally:
         svc.signal(signal.SIGKILL)
