@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,10 +62,14 @@ HELP = ["learner", "generator", "reward", "evaluator", "sft", "train-rm", "relab
 
 def test_help_on_every_command_prints_its_usage_and_exits_0():
     # `--help` used to read as an override without a value on every config-taking command (exit 2)
-    for command in HELP:
-        done = subprocess.run([sys.executable, "-m", "asyncrlhf.cli", command, "--help"], cwd=ROOT,
+    def helped(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "asyncrlhf.cli", command, "--help"], cwd=ROOT,
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    with ThreadPoolExecutor(max_workers=3) as pool:  # each starts Python and its imports: in parallel
+        runs = list(pool.map(helped, HELP))
+    for command, done in zip(HELP, runs, strict=True):
         out = done.stdout + done.stderr
         assert done.returncode == 0 and "has no value" not in out and "Traceback" not in out, (command, out)
         assert f"asyncrlhf {command}" in out or f"services.{command}" in out, (command, out)
