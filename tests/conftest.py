@@ -19,12 +19,22 @@ VLLM_MISSING = ("vLLM is not installed: `make vllm` (Linux x86-64, vLLM's CPU bu
                 "pip install 'asyncrlhf[vllm]' (CUDA)")
 
 
+SLOW_UNSELECTED = "long run: select it with -m slow"
+
+
 def pytest_collection_modifyitems(config, items):
-    """`vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and they
+    """Long runs carry the `slow` marker: they run only when selected (`pytest -m slow`, or
+    `make test PYTEST_ARGS="-m slow"`); a plain `pytest` / `make test` reports them skipped, saying so.
+
+    `vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and they
     run last: an engine in the test process (the CPU default, `generator.vllm.engine_in_process`) takes the
     process over. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown
     destroys the default process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or
     thread-count test after it would fail for a reason that is not its own."""
+    if "slow" not in (config.getoption("markexpr") or ""):
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(pytest.mark.skip(reason=SLOW_UNSELECTED))
     if importlib.util.find_spec("vllm") is not None:
         items.sort(key=lambda item: "vllm" in item.keywords)  # stable: each part keeps its order
         return
