@@ -138,10 +138,10 @@ def _figure(panels: int, columns: int):
     from matplotlib.figure import Figure
 
     rows = (panels + columns - 1) // columns
-    fig = Figure(figsize=(5.2 * columns, 3.8 * rows))
+    width, height = 5.2 * columns, 3.8 * rows
+    fig = Figure(figsize=(width, height))
     # fixed margins, in inches as the figure's size: a layout engine measured every label at each draw, half
     # of the plots' time (1.8 of 4.0 s for the seven PNGs) at the end of every run
-    width, height = 5.2 * columns, 3.8 * rows
     fig.subplots_adjust(left=0.75 / width, right=1 - 0.2 / width, bottom=0.55 / height,
                         top=1 - 0.4 / height, wspace=0.3, hspace=0.45)
     FigureCanvasAgg(fig)
