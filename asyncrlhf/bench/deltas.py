@@ -27,7 +27,7 @@ from asyncrlhf.config import Config
 from asyncrlhf.models import load_policy, load_tokenizer
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
-from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.codec import PUSH_DTYPES
 from asyncrlhf.weights.pusher import Encoding, PushOutcome, PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import WeightReceiver

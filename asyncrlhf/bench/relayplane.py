@@ -23,7 +23,7 @@ import torch
 from asyncrlhf.bench.weightplane import TOKEN, Tensors, state_dict
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
-from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.pusher import PushStatus, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush, relay_pusher

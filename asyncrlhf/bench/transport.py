@@ -49,7 +49,7 @@ from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import ID_FIELD, PAYLOAD_FIELD, REWARD_GROUP, ROLLOUTS, RunStreams, connect
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import GRPC_OPTIONS, ClientAccess, ServerAccess
-from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.collective_member import CollectiveMember
 from asyncrlhf.weights.collective_sender import CollectiveSender
 from asyncrlhf.weights.pusher import PushStatus, PushTarget, WeightPusher

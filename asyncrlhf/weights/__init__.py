@@ -11,7 +11,8 @@ atomically. One module per concern:
                    of routes (`RouteSpec`: both ends, GetStatus offer, whole-only, fallbacks)
     the routes, each registering itself where its two ends meet:
       stream.py            the gRPC byte stream, the route of last resort
-      channel.py           the data channel
+      channel.py           the data channel, both ends' shared part and the learner end; channel_read.py the
+                           generator end (registered there)
       shm.py, shm_read.py  shared memory: learner end, generator end (registered there)
       collective.py        a broadcast round, both ends' shared part; collective_sender.py the learner end,
                            collective_member.py the generator end (registered there); an inference
@@ -32,7 +33,7 @@ The names below are the package's API; code inside the package imports from the 
 """
 
 # The routes register themselves on import (`routes.register`): every user of the package has them.
-from asyncrlhf.weights import channel, collective_member, shm_read, stream  # noqa: F401
+from asyncrlhf.weights import channel_read, collective_member, shm_read, stream  # noqa: F401
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
 from asyncrlhf.weights.codec import Snapshot, adapter_tensors, prepare
 from asyncrlhf.weights.pusher import Encoding, PushOutcome, PushStatus, PushTarget, WeightPusher

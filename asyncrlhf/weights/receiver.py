@@ -122,8 +122,8 @@ class _Sources:
 
 class WeightReceiver:
     """Stages pushes and applies each atomically on commit; pushes are handled one at a time. `ends`: the
-    generator's standing end of a route, by the route's name (`data`: a `channel.DataListener`; `collective`:
-    the weight groups it joins, `collective_member.CollectiveMember`, or
+    generator's standing end of a route, by the route's name (`data`: a `channel_read.DataListener`;
+    `collective`: the weight groups it joins, `collective_member.CollectiveMember`, or
     `sampling.hops.engine_member.EngineMember` when an inference engine's worker receives them); a route with
     a `standing` end of its own gets one made here. Byte pushes are staged into `Buffers` kept between pushes;
     same-host pushes are verified and adopted where they lie, the leases kept by `Holds` for as long as a live

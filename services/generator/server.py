@@ -31,7 +31,7 @@ from asyncrlhf.serving.gate import BackendGate
 from asyncrlhf.streams.holding import PendingHolder
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ServerAccess
-from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.collective import resolved
 from asyncrlhf.weights.collective_member import CollectiveMember, Member
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from asyncrlhf.sampling.hops.engine_member import EngineMember, WorkerRounds
 from asyncrlhf.version import PolicyVersion
 from asyncrlhf.weights.access import ClientAccess, ServerAccess
-from asyncrlhf.weights.channel import DataListener
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.collective_member import CollectiveMember, Member
 from asyncrlhf.weights.pusher import PushOutcome, PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver

@@ -12,9 +12,10 @@ import pytest
 import xxhash
 
 from asyncrlhf._proto import weights_pb2 as pb
-from asyncrlhf.weights import channel
+from asyncrlhf.weights import channel_read
 from asyncrlhf.weights.access import AUTH_METADATA_KEY, GRPC_OPTIONS
-from asyncrlhf.weights.channel import DataListener, Outgoing, control_messages, new_ticket, split_address
+from asyncrlhf.weights.channel import Outgoing, control_messages, new_ticket, split_address
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.codec import Snapshot, commit_message, prepare
 from asyncrlhf.weights.pusher import PushTarget
 from asyncrlhf.weights.relay import TreePush
@@ -179,7 +180,7 @@ def test_a_receiver_that_refuses_mid_push_ends_the_pushers_sending(generator):
 
 
 def test_a_pusher_silent_mid_tensor_is_given_up_on(monkeypatch, generator):
-    monkeypatch.setattr(channel, "IDLE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(channel_read, "IDLE_TIMEOUT_S", 0.5)
     done = threading.Event()
 
     def stall(sock, tensors):

@@ -27,7 +27,8 @@ from asyncrlhf.weights.access import (
     server_credentials,
     server_ssl_context,
 )
-from asyncrlhf.weights.channel import DataListener, Outgoing, new_ticket
+from asyncrlhf.weights.channel import Outgoing, new_ticket
+from asyncrlhf.weights.channel_read import DataListener
 from asyncrlhf.weights.pusher import PushTarget, WeightPusher
 from asyncrlhf.weights.receiver import NO_VERSION, WeightReceiver
 from asyncrlhf.weights.relay import Relay, TreePush
