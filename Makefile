@@ -57,8 +57,13 @@ install: $(STAMP) $(VLLM_ON_INSTALL)
 demo: install
 	$(VENV)/bin/asyncrlhf up configs/demo.yaml
 
+# Two pytest workers (pytest-xdist), a file to a worker: the suite's processes leave a core idle for a
+# third of its length when run one test at a time (their starts, polls and waits); the tests that put a
+# vLLM engine in the test process run last, on one worker (tests/conftest.py). `PYTEST_WORKERS=0` runs
+# it in one process, as a single test is best run.
+PYTEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Style and types, as configured in pyproject.toml, and the import contracts there (`[tool.importlinter]`:
 # the layering, and no import cycle between packages or files; TYPE_CHECKING and in-function imports count);

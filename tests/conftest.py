@@ -26,21 +26,35 @@ def pytest_collection_modifyitems(config, items):
     """Long runs carry the `slow` marker: they run only when selected (`pytest -m slow`, or
     `make test PYTEST_ARGS="-m slow"`); a plain `pytest` / `make test` reports them skipped, saying so.
 
-    `vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and they
-    run last: an engine in the test process (the CPU default, `generator.vllm.engine_in_process`) takes the
-    process over. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown
-    destroys the default process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or
-    thread-count test after it would fail for a reason that is not its own."""
+    `vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and those
+    that put an engine in the test process (the CPU default, `generator.vllm.engine_in_process`) run last,
+    on one worker under `make test` (`worker_group`): such an engine takes the process over. vLLM's CPU
+    worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown destroys the default
+    process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or thread-count test
+    after it would fail for a reason that is not its own."""
     if "slow" not in (config.getoption("markexpr") or ""):
         for item in items:
             if item.get_closest_marker("slow"):
                 item.add_marker(pytest.mark.skip(reason=SLOW_UNSELECTED))
     if importlib.util.find_spec("vllm") is not None:
-        items.sort(key=lambda item: "vllm" in item.keywords)  # stable: each part keeps its order
-        return
-    for item in items:
-        if "vllm" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
+        items.sort(key=engine_in_this_process)  # stable: each part keeps its order
+    else:
+        for item in items:
+            if "vllm" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
+    for item in items:  # the workers of `make test` (pytest-xdist, --dist loadgroup) take a group at a time
+        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
+
+def engine_in_this_process(item) -> bool:
+    """A vLLM test outside tests/e2e (whose runs start their engines in processes of their own)."""
+    return "vllm" in item.keywords and not item.nodeid.startswith("tests/e2e/")
+
+
+def worker_group(item) -> str:
+    """What one worker runs from start to end: a test file (its module-scoped servers and engines are
+    started once), or every test that puts an engine in the test process, in one group that runs last."""
+    return "engine-in-this-process" if engine_in_this_process(item) else item.nodeid.split("::")[0]
 
 
 @pytest.fixture(scope="session")
