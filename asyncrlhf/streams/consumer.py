@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic
+from typing import Any, Generic
 
 import redis
 from google.protobuf.message import DecodeError, Message
@@ -111,6 +111,31 @@ def _output_args(to: Producer, outputs: Sequence[Message | None]) -> list:
     return args
 
 
+class SeenSet:
+    """A group's done identities (a sorted set scored by the time each was acked; the ack script adds to it):
+    what lets a redelivered or re-sent entry be skipped. Entries older than SEEN_TTL_S are pruned, at most
+    once a minute."""
+
+    def __init__(self, client: redis.Redis, key: str):
+        self.client, self.key = client, key
+        self._next_prune = 0.0
+
+    def has(self, identity: str) -> bool:
+        return self.client.zscore(self.key, identity) is not None
+
+    def which(self, idents: Sequence[Any]) -> list[bool]:
+        """For each identity (None: an entry without one), whether it is done; one round trip."""
+        known = [i for i in idents if i is not None]
+        scores = dict(zip(known, self.client.zmscore(self.key, known), strict=True)) if known else {}
+        return [scores.get(ident) is not None for ident in idents]
+
+    def prune(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + 60
+            self.client.zremrangebyscore(self.key, "-inf", time.time() - SEEN_TTL_S)
+
+
 class Consumer(Generic[M]):
     """One named consumer in a consumer group of one stream. See the module docstring for the guarantees."""
 
@@ -118,6 +143,7 @@ class Consumer(Generic[M]):
                  consumer: str, cfg: RedisConfig | None = None):
         self.client, self.key, self.spec, self.group, self.name = client, keys.stream, spec, group, consumer
         self.dead_letter_key, self.seen_key = keys.dead_letter, keys.seen
+        self._seen = SeenSet(client, keys.seen)
         self._origin = Origin(spec.name, group, consumer)
         cfg = cfg or RedisConfig()
         self.claim_idle_ms, self.max_deliveries = cfg.claim_idle_ms, cfg.max_deliveries
@@ -128,7 +154,6 @@ class Consumer(Generic[M]):
         self._ack = client.register_script(_ACK)
         self._claim_cursor = b"0-0"
         self._next_claim = 0.0
-        self._next_prune = 0.0
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -175,7 +200,7 @@ class Consumer(Generic[M]):
             args += _output_args(to, outputs)
         out_key = to.key if to else self.key
         emitted = self._ack(keys=[self.key, self.seen_key, out_key], args=args)
-        self._maybe_prune_seen()
+        self._seen.prune()
         return int(emitted)
 
     def fail(self, delivery: Delivery[M], reason: str) -> None:
@@ -191,7 +216,7 @@ class Consumer(Generic[M]):
 
     def seen(self, identity: str) -> bool:
         """Whether an entry with this identity was already acked by this group."""
-        return self.client.zscore(self.seen_key, identity) is not None
+        return self._seen.has(identity)
 
     # -- internals ---------------------------------------------------------------------------------------
 
@@ -213,10 +238,7 @@ class Consumer(Generic[M]):
         return self._drop_seen(entries), len(entries)
 
     def _drop_seen(self, entries: list[tuple[bytes, dict]]) -> list[tuple[bytes, dict]]:
-        idents = [fields.get(ID_FIELD) for _, fields in entries]
-        known = [i for i in idents if i is not None]
-        scores = dict(zip(known, self.client.zmscore(self.seen_key, known), strict=True)) if known else {}
-        seen = [scores.get(ident) is not None for ident in idents]
+        seen = self._seen.which([fields.get(ID_FIELD) for _, fields in entries])
         dup_ids = [eid for (eid, _), dup in zip(entries, seen, strict=True) if dup]
         if dup_ids:
             self._ack_raw(dup_ids)
@@ -293,12 +315,6 @@ class Consumer(Generic[M]):
             pipe.xdel(self.key, *entry_ids)
         if now:
             pipe.execute()
-
-    def _maybe_prune_seen(self) -> None:
-        now = time.monotonic()
-        if now >= self._next_prune:
-            self._next_prune = now + 60
-            self.client.zremrangebyscore(self.seen_key, "-inf", time.time() - SEEN_TTL_S)
 
 
 def hold(consumer: Consumer, deliveries: Sequence[Delivery]) -> None:
