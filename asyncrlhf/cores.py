@@ -21,14 +21,13 @@ figures behind each choice: docs/benchmarks.md, `bench pipeline`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
-
-import torch
 
 from asyncrlhf.config import Config
 
@@ -76,6 +75,8 @@ class CoreShare:
         self.directory, self.member, self.cores = directory, member, max(1, cores)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._mine = directory / member
+        import torch  # the members import it anyway; the launcher, which only plans their threads, does not
+
         self._threads = torch.get_num_threads()
 
     @classmethod
@@ -103,6 +104,8 @@ class CoreShare:
         """Re-size torch's thread pool to this member's share now (a no-op when it is unchanged)."""
         wanted = self.threads()
         if wanted != self._threads:
+            import torch
+
             torch.set_num_threads(wanted)
             self._threads = wanted
         return wanted
@@ -136,7 +139,21 @@ def shares_cores(cfg: Config, kind: str) -> bool:
     if kind == "generator" and cfg.generator.backend != "hf":
         return False
     device = cfg.generator.device if kind == "generator" else cfg.learner.device
-    return device in ("auto", "cpu") and not torch.cuda.is_available() and not _configured_threads(cfg, kind)
+    return device in ("auto", "cpu") and not _cuda_available() and not _configured_threads(cfg, kind)
+
+
+def _cuda_available() -> bool:
+    """`torch.cuda.is_available()`, without importing torch where its build has no CUDA (a `+cpu` wheel): the
+    launcher asks for every service and computes nothing with torch itself (importing it costs a CPU-second,
+    at every `asyncrlhf up`)."""
+    try:
+        if importlib.metadata.version("torch").endswith("+cpu"):
+            return False
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def shared_core_env(environ: Mapping[str, str], cfg: Config) -> dict[str, str]:

@@ -140,3 +140,21 @@ def test_members_that_never_compute_at_once_spin_briefly_instead(tmp_path, monke
     for member in ("learner", "generator-0"):
         assert env_of[member]["GOMP_SPINCOUNT"] == SHORT_SPIN and "OMP_WAIT_POLICY" not in env_of[member]
     assert "GOMP_SPINCOUNT" not in env_of["reward-0"]
+
+
+PLAN_WITHOUT_TORCH = """
+import sys
+from asyncrlhf.config import load_config
+from asyncrlhf.launcher import plan
+plan(load_config(["configs/tiny.yaml"]), ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.skipif(not torch.__version__.endswith("+cpu"), reason="a CPU build of torch (`+cpu`) is installed")
+def test_the_launcher_plans_its_services_threads_without_importing_a_cpu_torch():
+    """`up` computes nothing with torch: with a `+cpu` build (no CUDA to ask about), planning every service's
+    threads leaves torch unimported (a CPU-second at every start)."""
+    out = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_TORCH], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True).stdout
+    assert out.strip() == "False"
