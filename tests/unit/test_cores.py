@@ -151,7 +151,7 @@ print("torch" in sys.modules)
 """
 
 
-@pytest.mark.skipif(not torch.__version__.endswith("+cpu"), reason="a CPU build of torch (`+cpu`) is installed")
+@pytest.mark.skipif(not torch.__version__.endswith("+cpu"), reason="needs a CPU build of torch (`+cpu`)")
 def test_the_launcher_plans_its_services_threads_without_importing_a_cpu_torch():
     """`up` computes nothing with torch: with a `+cpu` build (no CUDA to ask about), planning every service's
     threads leaves torch unimported (a CPU-second at every start)."""
