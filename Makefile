@@ -67,12 +67,12 @@ install: $(STAMP) $(VLLM_ON_INSTALL)
 demo: install
 	$(VENV)/bin/asyncrlhf up configs/demo.yaml
 
-# Three pytest workers (pytest-xdist) on the suite's groups (tests/schedule.py): a test file to a worker
-# (its module-scoped servers start once), and the tests that put a vLLM engine in the test process on a
-# worker of their own, from the start (such an engine takes its process over; tests/conftest.py). One test at
-# a time, the suite's processes leave a core idle for a third of its length (their starts, polls and waits).
+# Two pytest workers (pytest-xdist) on the suite's groups (tests/schedule.py): a test file to a worker (its
+# module-scoped servers start once), the whole runs first, and last the tests that put a vLLM engine in the
+# test process (such an engine takes its process over; tests/conftest.py). One test at a time, the suite's
+# processes leave a core idle for a third of its length (their starts, polls and waits).
 # `PYTEST_WORKERS=0` runs it in one process, as a single test is best run.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

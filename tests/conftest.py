@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 
     `vllm` tests skip only where vLLM is not installed; where it imports, none of them may skip, and those
     that put an engine in the test process (the CPU default, `generator.vllm.engine_in_process`) run last,
-    or under `make test` on a worker of their own (`worker_group`): such an engine takes the process over.
+    under `make test` too (`rank`): such an engine takes the process over.
     vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for good, and its shutdown destroys the
     default process group, which DeepSpeed's cached groups still point to, so a DeepSpeed or thread-count
     test after it would fail for a reason that is not its own."""
@@ -53,13 +53,13 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before the worker tells the controller it has collected
 def pytest_collection_finish(session):
     """`make test`'s workers (pytest-xdist, --dist loadgroup) take a group at a time: tests/schedule.py."""
-    schedule.write_groups(session.items, worker_group)
+    schedule.write_groups(session.items, worker_group, rank)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Under `--dist loadgroup`: by `worker_group`, the engine group first, on a worker of its own."""
-    return schedule.EngineApart(config, log) if config.getvalue("dist") == "loadgroup" else None
+    """Under `--dist loadgroup`: by `worker_group`, in the order of `rank`."""
+    return schedule.ByGroup(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 def engine_in_this_process(item) -> bool:
@@ -69,9 +69,20 @@ def engine_in_this_process(item) -> bool:
 
 def worker_group(item) -> str:
     """What one worker runs from start to end: a test file (its module-scoped servers and engines are
-    started once), or every test that puts an engine in the test process, in one group on a worker of its
-    own."""
-    return "engine-in-this-process" if engine_in_this_process(item) else item.nodeid.split("::")[0]
+    started once), its tests that put an engine in the test process apart."""
+    file = item.nodeid.split("::")[0]
+    return f"{file} (engine in the test process)" if engine_in_this_process(item) else file
+
+
+def rank(item) -> int:
+    """When a worker takes the test's group, the longest first: the whole runs (tests/e2e, the compose
+    stack), then tests/integration, the rest, and last the tests that put an engine in the test process
+    (after one, a worker takes no other test)."""
+    if engine_in_this_process(item):
+        return 3
+    if item.nodeid.startswith("tests/e2e/") or item.get_closest_marker("compose"):
+        return 0
+    return 1 if item.nodeid.startswith("tests/integration/") else 2
 
 
 @pytest.fixture(scope="session")
