@@ -48,7 +48,8 @@ def write_groups(items: list[Any], group_of: Callable[[Any], str], rank_of: Call
     groups = {item.nodeid: group_of(item) for item in items}
     ranks: dict[str, int] = {}
     for item in items:
-        ranks[groups[item.nodeid]] = min(rank_of(item), ranks.get(groups[item.nodeid], rank_of(item)))
+        group, item_rank = groups[item.nodeid], rank_of(item)
+        ranks[group] = min(item_rank, ranks.get(group, item_rank))
     tmp = Path(f"{path}.{worker}")
     tmp.write_text(json.dumps({"groups": groups, "ranks": ranks}))
     tmp.replace(path)  # every worker collects the same tests: whichever writes last, the map is the same
