@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -66,30 +67,75 @@ def score_gap(ours: list[list[TokenScore]], theirs: list[list[TokenScore]]) -> f
     return max(gaps)
 
 
+def _our_processes() -> set[int]:
+    """This process and its descendants (the engine process a test starts, and that one's children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone while we looked
+            children.setdefault(ppid, []).append(int(entry.name))
+    ours, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        ours.add(pid)
+        todo += children.get(pid, [])
+    return ours
+
+
+def holders(path: str) -> set[int]:
+    """The processes that have `path` open or mapped."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd.path) == path for fd in os.scandir(Path(entry.path, "fd"))) or \
+                    path in Path(entry.path, "maps").read_text():
+                found.add(int(entry.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
 class Writes(FileSystemEventHandler):
-    """Every file created, written, moved or deleted under the watched directories."""
+    """Every file created, written, moved or deleted under the watched directories, by this process or its
+    descendants."""
 
     def __init__(self) -> None:
         self.events: list[str] = []
         self._lock = threading.Lock()
+        self._foreign: dict[str, bool] = {}
+
+    def foreign(self, path: str) -> bool:
+        """Whether `path` (under /dev/shm) belongs to another process on the host: a WeightSync segment named
+        by another process id, or a file that only processes outside this one's tree hold (another test's
+        vLLM engine makes its own psm_* segments). Decided at the first event for the path, while its maker
+        holds it; a file nobody holds any more counts as ours."""
+        name = os.path.basename(path)
+        if name.startswith("sem."):
+            return True  # POSIX semaphores (multiprocessing's locks, any process on the host), not weights
+        segment = SEGMENT_NAME.match(name)
+        if segment is not None:  # every segment of a test's pushes is made by the test's process
+            return int(segment.group(1)) != os.getpid()
+        if path not in self._foreign:
+            held = holders(path)
+            self._foreign[path] = bool(held) and not held & _our_processes()
+        return self._foreign[path]
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        # /dev/shm/sem.*: POSIX semaphores (multiprocessing's locks, any process on the host), not weights;
-        # a WeightSync segment named by another process id: another run's on this host (every segment of a
-        # test's pushes, the learner's and the handoff's, is made by the test's process)
-        name = os.path.basename(event.src_path)
-        segment = SEGMENT_NAME.match(name)
-        foreign = segment is not None and int(segment.group(1)) != os.getpid()
+        path = os.fsdecode(event.src_path)
         if event.event_type in ("created", "modified", "moved", "deleted", "closed") and \
-                not event.is_directory and not name.startswith("sem.") and not foreign:
+                not event.is_directory and not (path.startswith("/dev/shm/") and self.foreign(path)):
             with self._lock:
-                self.events.append(f"{event.event_type} {event.src_path}")
+                self.events.append(f"{event.event_type} {path}")
 
     def take(self) -> list[str]:
         with self._lock:
             events, self.events = self.events, []
         return events
-
 
 
 class Corrupting(Handoff):

@@ -1,0 +1,60 @@
+"""The watch the no-file-per-version tests keep on /dev/shm counts what this test process and its descendants
+write, not what another process on the host writes there at the same moment (another test's vLLM engine
+making its own psm_* segments on the other worker: the failure CI saw)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from multiprocessing import shared_memory
+
+import pytest
+from watchdog.observers import Observer
+
+from tests.integration.vllm.helpers import Writes
+
+pytestmark = pytest.mark.integration
+
+# Makes a segment, says its name, and holds it until its stdin closes.
+MAKER = ("import sys; from multiprocessing import shared_memory as s;"
+         " m = s.SharedMemory(create=True, size=4096);"
+         " print(m.name, flush=True); sys.stdin.read(); m.close(); m.unlink()")
+
+
+def _wait_for(writes: Writes, *names: str) -> list[str]:
+    deadline, seen = time.monotonic() + 10, []
+    while time.monotonic() < deadline and not all(any(n in e for e in seen) for n in names):
+        time.sleep(0.1)
+        seen += writes.take()
+    return seen
+
+
+def test_a_segment_another_process_tree_makes_is_not_counted_and_ours_are():
+    writes, observer = Writes(), Observer()
+    observer.schedule(writes, "/dev/shm", recursive=False)
+    observer.start()
+    # outside our tree: the maker's parent shell exits at once, so the maker is adopted by another process
+    # (its stdin through fd 3: a shell gives a background command /dev/null for stdin)
+    detached = f"exec 3<&0; {sys.executable} -c '{MAKER}' <&3 &"
+    other = subprocess.Popen(["sh", "-c", detached], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", MAKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        theirs = other.stdout.readline().strip()
+        child_segment = child.stdout.readline().strip()
+        ours = shared_memory.SharedMemory(create=True, size=4096)
+        try:
+            seen = _wait_for(writes, ours.name, child_segment)
+        finally:
+            ours.close()
+            ours.unlink()
+    finally:
+        for p in (other, child):
+            p.stdin.close()
+        child.wait(10)
+        observer.stop()
+        observer.join()
+    assert theirs and not any(theirs in e for e in seen), seen
+    assert any(f"created /dev/shm/{ours.name}" == e for e in seen), seen
+    assert any(f"created /dev/shm/{child_segment}" == e for e in seen), seen
