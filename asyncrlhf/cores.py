@@ -139,10 +139,10 @@ def shares_cores(cfg: Config, kind: str) -> bool:
     if kind == "generator" and cfg.generator.backend != "hf":
         return False
     device = cfg.generator.device if kind == "generator" else cfg.learner.device
-    return device in ("auto", "cpu") and not _cuda_available() and not _configured_threads(cfg, kind)
+    return device in ("auto", "cpu") and not cuda_available() and not _configured_threads(cfg, kind)
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
     """`torch.cuda.is_available()`, without importing torch where its build has no CUDA (a `+cpu` wheel): the
     launcher asks for every service and computes nothing with torch itself (importing it costs a CPU-second,
     at every `asyncrlhf up`)."""
@@ -165,6 +165,28 @@ def shared_core_env(environ: Mapping[str, str], cfg: Config) -> dict[str, str]:
     if cfg.learner.max_staleness == 0:
         return {"GOMP_SPINCOUNT": SHORT_SPIN}
     return {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def openmp_env(environ: Mapping[str, str], cfg: Config, kind: str, threads: int) -> dict[str, str]:
+    """OpenMP's wait settings for a service `up` starts: the core share's for its members; the same for a
+    service of one thread that starts no engine process, when the run has members: it has no OpenMP workers
+    to wait, so there they change nothing, and its environment then matches the members', so that `up`'s
+    fork server can serve them all (asyncrlhf/forkserver.py). An engine process (vLLM's, which it forks) would
+    inherit them: a service that starts one keeps OpenMP's defaults."""
+    one_thread = threads == 1 and not starts_engine(cfg, kind)
+    members = any(shares_cores(cfg, k) for k in ("generator", "learner"))
+    if shares_cores(cfg, kind) or (one_thread and members):
+        return shared_core_env(environ, cfg)
+    return {}
+
+
+def starts_engine(cfg: Config, kind: str) -> bool:
+    """Whether the service may start an engine process of its own: a vLLM generator, or a judge among the
+    scorers of the reward service or of the evaluator's gold reward."""
+    if kind == "generator":
+        return cfg.generator.backend != "hf"
+    scorers = {"reward": cfg.reward.scorers, "evaluator": [cfg.evaluator.gold]}.get(kind, [])
+    return any(scorer.kind == "judge" for scorer in scorers)
 
 
 def service_threads(cfg: Config, kind: str) -> int:

@@ -25,8 +25,9 @@ from asyncrlhf import prestart
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
-from asyncrlhf.cores import service_threads, share_dir, shared_core_env, shares_cores
+from asyncrlhf.cores import openmp_env, service_threads, share_dir, shares_cores
 from asyncrlhf.engine_lifetime import end_group
+from asyncrlhf.forkserver import Forked, ForkServer, ServerGone, fork_server
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
@@ -48,7 +49,8 @@ class Service:
     env: dict[str, str]
     log_path: Path
     port: int
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | Forked | None = None
+    forks: ForkServer | None = None  # the fork server that starts it, if one does (`fork_server`)
     restarts: int = 0
     policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(0, 1.0))
     pending: Restart | None = None  # a restart waiting for its back-off
@@ -63,6 +65,14 @@ class Service:
         self.started_at = time.monotonic()
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.forks is not None and not self.forks.gone:
+            self.log_path.touch()
+            try:
+                self.proc = self.forks.spawn(self.argv[2], self.argv[3:], self.env, self.log_path,
+                                             " ".join(self.argv))
+                return
+            except ServerGone as gone:
+                print(f"asyncrlhf up: {gone}; starting {self.name} as a process of its own", flush=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -74,7 +84,7 @@ class Service:
     def wait(self, timeout: float | None = None) -> int:
         return self._started().wait(timeout)
 
-    def _started(self) -> subprocess.Popen:
+    def _started(self) -> subprocess.Popen | Forked:
         if self.proc is None:
             raise RuntimeError(f"service {self.name} was never started")
         return self.proc
@@ -134,7 +144,7 @@ def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url:
                 env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpus[kind]
             if shares_cores(cfg, kind):
                 env[CORES_ENV] = str(share_dir(cfg.run.path))
-                env.update(shared_core_env(env, cfg))
+            env.update(openmp_env(env, cfg, kind, threads))
             config_args = [a for f in files for a in ("--config", f)]
             server = [f"redis.url={redis_url}"] if redis_url else []
             args = [*config_args, *overrides, *server, f"{kind}.http_port={port}"]
@@ -162,6 +172,7 @@ class Launcher:
         self.cfg, self.files, self.overrides, self.flags = cfg, list(files), list(overrides), set(flags)
         self.redis: EmbeddedRedis | None = None
         self.services: list[Service] = []
+        self.forks: ForkServer | None = None
         self.stopping = False
         self.failed: Service | None = None
         self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
@@ -188,6 +199,7 @@ class Launcher:
         shutil.rmtree(share_dir(run_dir), ignore_errors=True)  # members an earlier run left busy
         print(f"asyncrlhf up: run `{self.cfg.run.name}` in {run_dir} (logs in {run_dir / 'logs'}), "
               f"Redis {url or self.cfg.redis.where}", flush=True)
+        self.forks = fork_server(self.cfg, self.services)
         self.started_at = time.time()
         for svc in self.services:
             svc.start()
@@ -312,6 +324,8 @@ class Launcher:
 
     def _stop_all(self) -> None:
         stop_services(self.services)
+        if self.forks is not None:
+            self.forks.close()
 
     def _summarise(self) -> None:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator

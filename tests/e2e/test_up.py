@@ -59,6 +59,9 @@ def test_up_runs_the_whole_pipeline_and_writes_the_report(tmp_path):
     assert (run / "report.md").is_file() and "Report:" in out
     for name in ("learner", "generator-0", "generator-1", "reward-0", "evaluator"):
         assert (run / "logs" / f"{name}.log").stat().st_size > 0
+    # on this CPU host every service was forked from the one process that imported torch for them all
+    forked = re.findall(r"started services\.(\w+) as pid", (run / "logs" / "forkserver.log").read_text())
+    assert sorted(forked) == ["evaluator", "generator", "generator", "learner", "reward"]
 
 
 def test_a_crashed_service_stops_the_run_with_its_log_tail(tmp_path):
@@ -122,6 +125,8 @@ def test_a_killed_learner_is_restarted_and_resumes_from_its_checkpoint(tmp_path)
     code, out = finish(proc, timeout=300)
     assert code == 0, out[-4000:]
     assert "learner exited with -9; restarting" in out
+    forked = re.findall(r"started services\.(\w+) as pid", (run_dir / "logs" / "forkserver.log").read_text())
+    assert forked.count("learner") == 2  # the restart was forked too
     summary = json.loads((tmp_path / "run" / "up_summary.json").read_text())
     assert summary["services"]["learner"]["restarts"] == 1 and summary["learner_version"] == 9
     learner_log = (tmp_path / "run" / "logs" / "learner.log").read_text()

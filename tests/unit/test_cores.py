@@ -11,6 +11,7 @@ import torch
 
 from asyncrlhf.config import load_config
 from asyncrlhf.cores import ENV, OPENMP_WAIT_VARS, SHORT_SPIN, CoreShare, service_threads, shares_cores
+from asyncrlhf.forkserver import loaded
 from asyncrlhf.launcher import plan
 
 pytestmark = pytest.mark.unit
@@ -87,10 +88,9 @@ def test_up_shares_the_cores_of_the_hf_generator_and_the_learner_only(tmp_path):
     env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
     assert env_of["learner"][ENV] == env_of["generator-0"][ENV] == str(cfg.run.path / "cores")
     assert ENV not in env_of["reward-0"]
-    # members wait passively (a spinning OpenMP pool burns the core the other member needs); others unchanged
+    # members wait passively (a spinning OpenMP pool burns the core the other member needs)
     assert env_of["learner"]["OMP_WAIT_POLICY"] == env_of["generator-0"]["OMP_WAIT_POLICY"] == "PASSIVE"
     assert "GOMP_SPINCOUNT" not in env_of["learner"]
-    assert env_of["reward-0"].get("OMP_WAIT_POLICY") == os.environ.get("OMP_WAIT_POLICY")
     fixed = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "generator.threads=1"])
     assert not shares_cores(fixed, "generator") and service_threads(fixed, "generator") == 1  # the user's
     off = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", "launch.share_cores=false"])
@@ -139,7 +139,29 @@ def test_members_that_never_compute_at_once_spin_briefly_instead(tmp_path, monke
     env_of = {s.name: s.env for s in plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
     for member in ("learner", "generator-0"):
         assert env_of[member]["GOMP_SPINCOUNT"] == SHORT_SPIN and "OMP_WAIT_POLICY" not in env_of[member]
-    assert "GOMP_SPINCOUNT" not in env_of["reward-0"]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_one_thread_services_take_the_members_waiting_so_that_one_fork_server_serves_the_run(
+        tmp_path, monkeypatch, staleness):
+    """The wait settings change nothing in a process of one thread (no OpenMP workers to wait): the reward
+    service and the evaluator take the members' and so load the libraries in the same environment. A service
+    that may start an engine process (vLLM's, forked with its settings) keeps OpenMP's defaults."""
+    for var in OPENMP_WAIT_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cfg = load_config(["configs/tiny.yaml"], [f"run.dir={tmp_path}", f"learner.max_staleness={staleness}"])
+    services = plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")
+    waiting = {s.name: {v: s.env.get(v) for v in OPENMP_WAIT_VARS} for s in services}
+    assert waiting["reward-0"] == waiting["evaluator"] == waiting["learner"] == waiting["generator-0"]
+    assert any(waiting["learner"].values())
+    assert len({loaded(s.env) for s in services}) == 1  # one fork server forks them all
+    judged = load_config(["configs/tiny.yaml"], [
+        f"run.dir={tmp_path}", "reward.scorers=[{kind: judge, model: {name_or_path: tiny}}]",
+        "generator.backend=vllm", "model.tiny.heads=2"])
+    env_of = {s.name: s.env for s in plan(judged, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")}
+    for engine_starter in ("reward-0", "generator-0"):
+        assert not any(v in env_of[engine_starter] for v in OPENMP_WAIT_VARS)
+    assert env_of["evaluator"]["OMP_WAIT_POLICY"] == "PASSIVE"  # the learner still shares the cores
 
 
 PLAN_WITHOUT_TORCH = """
