@@ -11,7 +11,7 @@ What a fork cannot change afterwards is what the libraries read when they load. 
 policy and spin count when torch loads (`asyncrlhf.cores.openmp_env`), so the server is started with the
 environment most services share, and a service whose load-time environment differs (`serves`) starts as a
 process of its own. The GPU path keeps a process per service: CUDA must not be initialised before a fork,
-and a learner of several ranks is started by torchrun.
+and a learner of several ranks is started by torchrun. Linux only.
 
 The launcher and the server talk over a socket pair, one JSON object per line: the launcher asks
 `{"module", "args", "env", "log", "title"}`, the server answers `{"started": pid}`, and `{"exited": pid,
@@ -69,8 +69,8 @@ def fork_server(cfg: Config, services: Sequence[Forkable]) -> ForkServer | None:
     """The fork server that starts `services`, on a CPU host with `launch.fork_server`: started with the
     environment most of them share, and given to every service it can serve (the rest, and a learner under
     torchrun, start as processes of their own)."""
-    if not cfg.launch.fork_server or cfg.launch.gpus or cuda_available():
-        return None
+    if not cfg.launch.fork_server or cfg.launch.gpus or cuda_available() or sys.platform != "linux":
+        return None  # (macOS: a fork after its system libraries started threads is not safe)
     forkable = [s for s in services if s.argv[1:3] == ["-m", f"services.{s.kind}"]]
     if not forkable:
         return None

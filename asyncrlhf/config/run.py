@@ -304,10 +304,11 @@ class LaunchConfig(Section):
         "service whose `threads` is set, or the vLLM backend (its threads are fixed at start): a fixed split."
     )
     fork_server: bool = Field(
-        True, description="On a CPU host, start the services by forking one process that imported torch, "
-        "transformers and DeepSpeed once, instead of each importing them (seconds of CPU per service, at "
-        "every start and restart; asyncrlhf/forkserver.py). A service whose environment the libraries read "
-        "differently, a learner of several ranks, and every service on a GPU host: a process of its own.")
+        True, description="On a Linux CPU host, start the services by forking one process that imported "
+        "torch, transformers and DeepSpeed once, instead of each importing them (seconds of CPU per service, "
+        "at every start and restart; asyncrlhf/forkserver.py). A service whose environment the libraries "
+        "read differently, a learner of several ranks, and every service on a GPU host: a process of its "
+        "own.")
     progress_every_s: float = Field(1.0, gt=0, description="Refresh period of the progress display.")
     stall_after_s: float = Field(
         300.0, gt=0, description="The learner has stalled when it goes this long without a step: the "
