@@ -58,3 +58,37 @@ def test_a_segment_another_process_tree_makes_is_not_counted_and_ours_are():
     assert theirs and not any(theirs in e for e in seen), seen
     assert any(f"created /dev/shm/{ours.name}" == e for e in seen), seen
     assert any(f"created /dev/shm/{child_segment}" == e for e in seen), seen
+
+
+# a new segment every 20 ms, each held for a second (as long-lived as an engine's, for the judging), until its
+# stdin closes: then it removes what it holds
+CHURN = ("import collections, select, sys; from multiprocessing import shared_memory as s\n"
+         "held = collections.deque(); print('churning', flush=True)\n"
+         "while not select.select([sys.stdin], [], [], 0.02)[0]:\n"
+         "    held.append(s.SharedMemory(create=True, size=4096))\n"
+         "    if len(held) > 50: m = held.popleft(); m.close(); m.unlink()\n"
+         "for m in held: m.close(); m.unlink()\n")
+
+
+def test_our_writes_are_seen_while_another_process_churns_segments(tmp_path):
+    """Judging another's segment reads /proc: done beside the observer, so it goes on taking our events
+    meanwhile; and `settle` waits until the observer has taken them all (it drops those it has not read
+    when it stops: CI saw a file hop's push file missed so)."""
+    writes, observer = Writes(), Observer()
+    observer.schedule(writes, "/dev/shm", recursive=False)
+    observer.schedule(writes, str(tmp_path), recursive=False)
+    detached = f"exec 3<&0; {sys.executable} -c \"{CHURN}\" <&3 &"
+    other = subprocess.Popen(["sh", "-c", detached], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert other.stdout.readline().strip() == "churning"
+    observer.start()
+    try:
+        time.sleep(2)  # a backlog of its segments' events
+        (tmp_path / "push.safetensors").write_bytes(b"x" * 1024)
+        writes.settle(tmp_path)
+    finally:
+        observer.stop()
+        observer.join()
+        other.stdin.close()
+    seen = writes.take()
+    assert f"created {tmp_path / 'push.safetensors'}" in seen, seen[-20:]
+    assert not any(e.startswith(("created /dev/shm/psm_", "deleted /dev/shm/psm_")) for e in seen), seen[-20:]

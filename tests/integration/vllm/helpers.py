@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -16,7 +18,7 @@ from asyncrlhf.config import Config, SamplingConfig, load_config
 from asyncrlhf.sampling import TokenScore
 from asyncrlhf.sampling.hf import HFBackend, sampling_log_softmax
 from asyncrlhf.sampling.hops.shared_memory import Handoff
-from asyncrlhf.weights.shm import SEGMENT_NAME
+from asyncrlhf.weights.shm import SEGMENT_NAME, SHM_DIR
 
 # The tiny model with head size 32 (64 / 2), one vLLM's CPU attention supports; fp32 like the learner.
 OVERRIDES = ["model.tiny.heads=2", "model.dtype=float32", "generator.backend=vllm", "generator.device=cpu",
@@ -86,56 +88,90 @@ def _our_processes() -> set[int]:
 
 
 def holders(path: str) -> set[int]:
-    """The processes that have `path` open or mapped."""
-    found = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd.path) == path for fd in os.scandir(Path(entry.path, "fd"))) or \
-                    path in Path(entry.path, "maps").read_text():
-                found.add(int(entry.name))
-        except OSError:
-            continue  # gone, or not ours to read
-    return found
+    """The processes that have `path` open (else, when none has, those that have it mapped)."""
+    def scan(holds) -> set[int]:
+        found = set()
+        for entry in os.scandir("/proc"):
+            try:
+                if entry.name.isdigit() and holds(entry.path):
+                    found.add(int(entry.name))
+            except OSError:
+                continue  # gone, or not ours to read
+        return found
+
+    encoded = os.fsencode(path)
+    return scan(lambda proc: any(os.readlink(fd.path) == path for fd in os.scandir(Path(proc, "fd")))) or \
+        scan(lambda proc: encoded in Path(proc, "maps").read_bytes())
+
+
+def foreign(path: str) -> bool:
+    """Whether only processes outside this one's tree hold `path` (another test's vLLM engine makes its own
+    psm_* segments); a file nobody holds any more counts as ours."""
+    held = holders(path)
+    return bool(held) and not held & _our_processes()
+
+
+WRITES = ("created", "modified", "moved", "deleted", "closed")
+SETTLE = ".watch-settled-"  # the marker files of `Writes.settle`
 
 
 class Writes(FileSystemEventHandler):
     """Every file created, written, moved or deleted under the watched directories, by this process or its
-    descendants."""
+    descendants. On /dev/shm a WeightSync segment named by another process id is another's; a file of
+    another name is judged at its first event, while its maker holds it (`foreign`), on a thread of its own:
+    the judging reads /proc, and the observer must go on taking events meanwhile (it drops those still
+    queued when it stops)."""
 
     def __init__(self) -> None:
-        self.events: list[str] = []
+        self.events: list[tuple[str, Future[bool] | None]] = []
         self._lock = threading.Lock()
-        self._foreign: dict[str, bool] = {}
+        self._verdicts: dict[str, Future[bool]] = {}
+        self._judge = ThreadPoolExecutor(max_workers=1, thread_name_prefix="writes-judge")
+        self._marker, self._settled = "", threading.Event()
+        for name in os.listdir(SHM_DIR):  # judged now, while their makers hold them: their first event may
+            if not name.startswith("sem.") and SEGMENT_NAME.match(name) is None:  # be their removal
+                path = str(SHM_DIR / name)
+                self._verdicts[path] = self._judge.submit(foreign, path)
 
-    def foreign(self, path: str) -> bool:
-        """Whether `path` (under /dev/shm) belongs to another process on the host: a WeightSync segment named
-        by another process id, or a file that only processes outside this one's tree hold (another test's
-        vLLM engine makes its own psm_* segments). Decided at the first event for the path, while its maker
-        holds it; a file nobody holds any more counts as ours."""
-        name = os.path.basename(path)
-        if name.startswith("sem."):
-            return True  # POSIX semaphores (multiprocessing's locks, any process on the host), not weights
-        segment = SEGMENT_NAME.match(name)
-        if segment is not None:  # every segment of a test's pushes is made by the test's process
-            return int(segment.group(1)) != os.getpid()
-        if path not in self._foreign:
-            held = holders(path)
-            self._foreign[path] = bool(held) and not held & _our_processes()
-        return self._foreign[path]
+    def settle(self, directory: Path, timeout: float = 60) -> None:
+        """Wait until the observer has taken every event that came before now (a marker file made in the
+        watched `directory` arrives after them): an observer stopped at once drops what it has not read."""
+        marker = directory / f"{SETTLE}{uuid.uuid4().hex}"
+        self._settled.clear()
+        self._marker = str(marker)
+        marker.touch()
+        marker.unlink()
+        if not self._settled.wait(timeout):
+            raise TimeoutError(f"no event for {marker} within {timeout} s: is {directory} watched?")
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type not in WRITES or event.is_directory:
+            return
         path = os.fsdecode(event.src_path)
-        if event.event_type in ("created", "modified", "moved", "deleted", "closed") and \
-                not event.is_directory and not (path.startswith("/dev/shm/") and self.foreign(path)):
-            with self._lock:
-                self.events.append(f"{event.event_type} {path}")
+        if os.path.basename(path).startswith(SETTLE):
+            if path == self._marker:
+                self._settled.set()
+            return
+        verdict = None
+        if path.startswith(f"{SHM_DIR}/"):
+            name = os.path.basename(path)
+            segment = SEGMENT_NAME.match(name)
+            if name.startswith("sem."):
+                return  # POSIX semaphores (multiprocessing's locks, any process on the host), not weights
+            if segment is not None and int(segment.group(1)) != os.getpid():
+                return  # every segment of a test's pushes is made by the test's process
+            if segment is None:
+                with self._lock:
+                    if path not in self._verdicts:
+                        self._verdicts[path] = self._judge.submit(foreign, path)
+                    verdict = self._verdicts[path]
+        with self._lock:
+            self.events.append((f"{event.event_type} {path}", verdict))
 
     def take(self) -> list[str]:
         with self._lock:
             events, self.events = self.events, []
-        return events
+        return [event for event, verdict in events if verdict is None or not verdict.result()]
 
 
 class Corrupting(Handoff):

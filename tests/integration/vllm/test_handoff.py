@@ -99,6 +99,7 @@ def test_every_route_reaches_an_engine_process_with_no_file_per_version(engine, 
                 learner.load_state_dict(weights)
                 groups = backend.generate(prompts, 2, SAMPLING)
                 assert max_gap(learner, prompts, groups, SAMPLING) <= PARITY_ATOL
+            writes.settle(cache)
         finally:
             observer.stop()
             observer.join()

@@ -222,6 +222,7 @@ def test_every_hop_lands_bit_exact_refuses_spoiled_bytes_and_makes_no_file_unpro
     observer.start()
     try:
         push(case, engine, engine.first)
+        writes.settle(engine.cache)
     finally:
         observer.stop()
         observer.join()
