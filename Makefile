@@ -12,6 +12,11 @@ else
 INSTALL := $(PIP) install
 endif
 STAMP := $(VENV)/.installed
+# Python's bytecode caches are written (into .venv and the checkout's __pycache__/, ignored by git) even where
+# the environment says not to (PYTHONDONTWRITEBYTECODE, set on some CI machines): without them every process
+# compiles each module it imports, every time. The suite starts hundreds of processes (services, engines,
+# CLI commands); a tiny `asyncrlhf up` took 28.7 CPU-s without the caches and 21.2 with them.
+unexport PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint proto install vllm vllm-gpu clean docs docs-serve docs-gen

@@ -38,6 +38,7 @@ from typing import Protocol
 from asyncrlhf.config import Config
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import cuda_available
+from asyncrlhf.deepspeed_import import import_deepspeed
 
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "deepspeed")
 # read by the service itself after the fork (its thread count is applied by the child: `_become`)
@@ -302,7 +303,7 @@ def main(argv: list[str]) -> int:
         pass
     for name in PRELOAD:
         try:
-            importlib.import_module(name)
+            import_deepspeed() if name == "deepspeed" else importlib.import_module(name)
         except ImportError as err:  # an optional library missing: the service that needs it says so
             print(f"asyncrlhf fork server: not preloaded: {name} ({err})", flush=True)
     # what the imports set in the environment stays in every child, as it would in a process of its own

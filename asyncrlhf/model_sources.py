@@ -11,11 +11,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-
 from asyncrlhf.config import ModelConfig
 
 log = logging.getLogger(__name__)
+
+
+def named_model(name: str, run: ModelConfig, *, revision: str | None = None, dtype: str = "float32"
+                ) -> ModelConfig:
+    """Another model a run loads by name (a reward, gold, value or judge model), found as the run's policy
+    is: `model.allow_hub` lets it be a hub id and GGUF conversions go to `model.cache_dir`; it has its own
+    revision and dtype."""
+    return ModelConfig(name_or_path=name, allow_hub=run.allow_hub, cache_dir=run.cache_dir, tiny=run.tiny,
+                       revision=revision, dtype=dtype)  # type: ignore[arg-type]  # checked by the Literal
+
 
 TINY = "tiny"
 PACKAGED_MODELS = {
@@ -135,6 +143,7 @@ def _cached_from_gguf(gguf: Path, cache_dir: str) -> Path:
     target = Path(cache_dir).expanduser() / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to safetensors in %s (once)", gguf, target)

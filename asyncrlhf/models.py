@@ -7,7 +7,8 @@ Sources, by `model.name_or_path`:
 - a `.gguf` file, or a directory plus `model.gguf_file`;
 - a local HF directory (config.json + safetensors), e.g. a checkpoint this project wrote;
 - a hub id (`org/name`, with `model.allow_hub`), pinned to `revision`.
-Every other model a run loads by name (reward, gold, value, judge) is found the same way (`named_model`).
+Every other model a run loads by name (reward, gold, value, judge) is found the same way
+(`model_sources.named_model`).
 GGUF files are de-quantized once into a cached safetensors directory (`model.cache_dir`), so later loads
 skip the slow conversion. Nothing is fetched from a hub unless `model.allow_hub` is set.
 """
@@ -55,15 +56,6 @@ def as_model_config(model: ModelConfig | str) -> ModelConfig:
     """A model by local name alone (no hub): tests and local paths. A model a run names in its config is
     `named_model`'s, so the run's hub switch reaches it."""
     return ModelConfig(name_or_path=model) if isinstance(model, str) else model
-
-
-def named_model(name: str, run: ModelConfig, *, revision: str | None = None, dtype: str = "float32"
-                ) -> ModelConfig:
-    """Another model a run loads by name (a reward, gold, value or judge model), found as the run's policy
-    is: `model.allow_hub` lets it be a hub id and GGUF conversions go to `model.cache_dir`; it has its own
-    revision and dtype."""
-    return ModelConfig(name_or_path=name, allow_hub=run.allow_hub, cache_dir=run.cache_dir, tiny=run.tiny,
-                       revision=revision, dtype=dtype)  # type: ignore[arg-type]  # checked by the Literal
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:

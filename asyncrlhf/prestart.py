@@ -10,13 +10,14 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from asyncrlhf.config import Config
+from asyncrlhf.cores import cuda_available
 
 
 def refusal(cfg: Config, files: Sequence[str], flags: Collection[str],
             say: Callable[[str], None]) -> str | None:
     """Every check in order, the run directory first (`flags`: `--fresh`, `--resume-anyway`); why the run must
     not start, or None."""
-    from asyncrlhf.resume import prepare_run_dir  # torch: imported only here
+    from asyncrlhf.resume import prepare_run_dir
 
     return (prepare_run_dir(cfg, flags, say) or prepare_models(cfg, files)
             or plan_refusal(cfg, files))
@@ -25,7 +26,7 @@ def refusal(cfg: Config, files: Sequence[str], flags: Collection[str],
 def prepare_models(cfg: Config, files: Sequence[str]) -> str | None:
     """Find every model the services start from (a GGUF converted once, a hub model fetched once, here,
     so the services do not all do it at the same time); why one cannot be used, naming its key, or None."""
-    from asyncrlhf.model_sources import ModelLoadError, resolve_model_dir  # torch: imported only here
+    from asyncrlhf.model_sources import ModelLoadError, resolve_model_dir
     from asyncrlhf.run_models import run_models
 
     for found in run_models(cfg):
@@ -40,10 +41,10 @@ def prepare_models(cfg: Config, files: Sequence[str]) -> str | None:
 
 def plan_refusal(cfg: Config, files: Sequence[str]) -> str | None:
     """On a GPU machine, why the run does not fit its GPUs (`asyncrlhf plan`), or None; on the CPU, None."""
+    if not cfg.launch.check_plan or not cuda_available():  # on a CPU build, without importing torch
+        return None
     import torch
 
-    if not cfg.launch.check_plan or not torch.cuda.is_available():
-        return None
     from asyncrlhf.planning.plan import make_plan
 
     gpus = torch.cuda.device_count()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrlhf.config import Config, ModelConfig, ScorerConfig
-from asyncrlhf.models import named_model
+from asyncrlhf.model_sources import named_model
 
 
 @dataclass(frozen=True)

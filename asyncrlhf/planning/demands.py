@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncrlhf.config import Config, JudgeConfig, ModelScorerConfig, ScorerConfig
-from asyncrlhf.models import named_model, resolve_dtype
+from asyncrlhf.model_sources import named_model
+from asyncrlhf.models import resolve_dtype
 from asyncrlhf.planning import memory as mem
 from asyncrlhf.planning.placement import CPU, Process
 from asyncrlhf.planning.shapes import model_shape

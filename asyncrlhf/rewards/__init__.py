@@ -60,7 +60,8 @@ def build_scorer(sc: ScorerConfig, cfg: RewardConfig, model: ModelConfig | None 
     if sc.kind == "rule":
         return RuleScorer(sc.name, sc.args)
     if sc.kind == "model":
-        from asyncrlhf.models import named_model, resolve_device, resolve_dtype  # torch: only for a model
+        from asyncrlhf.model_sources import named_model
+        from asyncrlhf.models import resolve_device, resolve_dtype  # torch: only for a model
         from asyncrlhf.rewards.model import ModelScorer
 
         device = resolve_device(cfg.device)

@@ -9,7 +9,8 @@
             config.yaml         the resolved config
 
 The learner saves and loads them; the evaluator, the launcher, the offline stages and the benchmarks find
-and read them through the functions below.
+and read them through the functions below. Finding and reading them imports neither torch nor the models (the
+launcher reads the last version at the end of every run): the functions that load weights import them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
-from torch import nn
 
 from asyncrlhf.config import Config, ModelConfig
-from asyncrlhf.models import ModelLoadError, as_model_config, load_policy, resolve_device
+from asyncrlhf.model_sources import ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -112,6 +116,8 @@ def save(cfg: Config, policy, value, tokenizer, state: LearnerState, hf_state: d
         return path
     policy.module.save_pretrained(path / HF, state_dict=hf_state, safe_serialization=True)
     tokenizer.save_pretrained(path / HF)
+    import torch
+
     state.rng = torch.get_rng_state().tolist()
     write_state(path, state)
     (path / CONFIG).write_text(cfg.to_yaml())
@@ -126,6 +132,8 @@ def load(path: Path, policy, value) -> LearnerState:
         value.load_checkpoint(str(path / DEEPSPEED), tag="value")
     state = read_state(path)
     if state.rng:
+        import torch
+
         torch.set_rng_state(torch.tensor(state.rng, dtype=torch.uint8))
     return state
 
@@ -166,6 +174,8 @@ def checkpoint_version(path: str | Path) -> int | None:
 def load_checkpoint_policy(path: str | Path, base: ModelConfig | str, *, device: str = "cpu") -> nn.Module:
     """A learner checkpoint as a causal LM: full weights, or `base` plus the saved PEFT adapter (LoRA
     runs)."""
+    from asyncrlhf.models import as_model_config, load_policy, resolve_device
+
     hf = hf_dir(path)
     cfg = as_model_config(base)
     policy: nn.Module

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from asyncrlhf.config import LearnerConfig
+from asyncrlhf.deepspeed_import import import_deepspeed
 from asyncrlhf.redis_server import free_port
 from asyncrlhf.training import user_deepspeed
 from asyncrlhf.weights.codec import adapter_tensors
@@ -32,7 +33,7 @@ def init_distributed() -> tuple[int, int]:
     # DeepSpeed JIT-builds a CPU comm op at start; one build cache per environment, so two virtualenvs (or
     # two checkouts) do not keep rebuilding over each other's copy (a minute or more each time).
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    import deepspeed
+    deepspeed = import_deepspeed()
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -125,7 +126,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: LearnerConfig) -> torc
 def initialize(model: nn.Module, cfg: LearnerConfig, lr: float | None = None):
     """A DeepSpeed engine around `model`: the optimizer and scheduler of the user's JSON where it has them
     (DeepSpeed builds them), else AdamW with `learner.lr` and the configured schedule."""
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     config = deepspeed_config(cfg)
     optimizer, params, scheduler = None, None, None
@@ -181,7 +182,7 @@ def gathered(module: nn.Module, zero_stage: int) -> Iterator[None]:
     if zero_stage < 3:
         yield
         return
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
         yield
@@ -198,7 +199,7 @@ def full_state_dict(module: nn.Module, zero_stage: int, only_adapters: bool) -> 
         if only_adapters:
             state = adapter_tensors(state)
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     wanted = list(module.state_dict().keys())  # names only: partitioned parameters are empty here
     if only_adapters:

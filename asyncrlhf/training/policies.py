@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrlhf.config import Config, ModelConfig, PPOLearnerConfig
-from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model, load_tokenizer, named_model
+from asyncrlhf.model_sources import named_model
+from asyncrlhf.models import ReferencePolicy, load_policy, load_score_model, load_tokenizer
 from asyncrlhf.training import engine
 from asyncrlhf.training.objectives import Objective
 

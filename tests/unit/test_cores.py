@@ -168,15 +168,19 @@ PLAN_WITHOUT_TORCH = """
 import sys
 from asyncrlhf.config import load_config
 from asyncrlhf.launcher import plan
-plan(load_config(["configs/tiny.yaml"]), ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")
-print("torch" in sys.modules)
+from asyncrlhf.prestart import refusal
+from asyncrlhf.training.checkpoint import latest_version
+cfg = load_config(["configs/tiny.yaml"], [f"run.dir={sys.argv[1]}"])
+plan(cfg, ["configs/tiny.yaml"], [], "redis://127.0.0.1:1")
+print(refusal(cfg, ["configs/tiny.yaml"], [], print), latest_version(cfg), "torch" in sys.modules)
 """
 
 
 @pytest.mark.skipif(not torch.__version__.endswith("+cpu"), reason="needs a CPU build of torch (`+cpu`)")
-def test_the_launcher_plans_its_services_threads_without_importing_a_cpu_torch():
-    """`up` computes nothing with torch: with a `+cpu` build (no CUDA to ask about), planning every service's
-    threads leaves torch unimported (a CPU-second at every start)."""
-    out = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_TORCH], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True).stdout
-    assert out.strip() == "False"
+def test_the_launcher_checks_plans_and_reads_the_last_version_without_importing_a_cpu_torch(tmp_path):
+    """`up` computes nothing with torch: with a `+cpu` build (no CUDA to ask about), its checks before the
+    start, planning every service's threads, and reading the last version at the end leave torch unimported
+    (1-2 CPU-seconds at every `up`)."""
+    out = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_TORCH, str(tmp_path)], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True).stdout
+    assert out.splitlines()[-1] == "None None False"
