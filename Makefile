@@ -83,7 +83,7 @@ test: install
 
 # Style and types, as configured in pyproject.toml, and the import contracts there (`[tool.importlinter]`:
 # the layering, and no import cycle between packages or files; TYPE_CHECKING and in-function imports count);
-# CI (.ci/run) runs it before the tests.
+# CI (.ci/run) runs it beside the tests.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asyncrlhf services tests tools
 	$(VENV)/bin/mypy asyncrlhf services tools

@@ -31,7 +31,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -40,7 +41,13 @@ from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import cuda_available
 from asyncrlhf.deepspeed_import import import_deepspeed
 
-PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "deepspeed")
+# what the server imports before it forks, each with its importer (DeepSpeed's keeps mlflow out of it)
+PRELOAD: tuple[tuple[str, Callable[[], object]], ...] = (
+    ("torch", partial(importlib.import_module, "torch")),
+    ("transformers", partial(importlib.import_module, "transformers")),
+    ("transformers.modeling_utils", partial(importlib.import_module, "transformers.modeling_utils")),
+    ("deepspeed", import_deepspeed),
+)
 # read by the service itself after the fork (its thread count is applied by the child: `_become`)
 AFTER_FORK = frozenset({"OMP_NUM_THREADS", CORES_ENV, "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM"})
 START_TIMEOUT_S = 120.0
@@ -301,9 +308,9 @@ def main(argv: list[str]) -> int:
         setproctitle.setproctitle(argv[1])
     except ImportError:
         pass
-    for name in PRELOAD:
+    for name, importer in PRELOAD:
         try:
-            import_deepspeed() if name == "deepspeed" else importlib.import_module(name)
+            importer()
         except ImportError as err:  # an optional library missing: the service that needs it says so
             print(f"asyncrlhf fork server: not preloaded: {name} ({err})", flush=True)
     # what the imports set in the environment stays in every child, as it would in a process of its own

@@ -177,6 +177,7 @@ class Launcher:
         self.failed: Service | None = None
         self.answered: dict[str, bool] = {}  # whether each service's /metrics ever answered
         self.last_metrics: dict[str, dict[str, float]] = {}  # each service's last scraped values
+        self.at_learner_end: Snapshot | None = None  # the scrape taken when the learner finished
         self.monitor: StallMonitor | None = None
         self.started_at = time.time()
 
@@ -258,7 +259,7 @@ class Launcher:
                 progress.state.stall = judge_stall(self.monitor, progress.state, self.services)
             if learner.pending is None and learner.poll() == 0 and learner_done_at is None:
                 learner_done_at = time.monotonic()
-                self._snapshot = scrape(self.services)
+                self.at_learner_end = scrape(self.services)
             if learner_done_at is not None and self._evaluator_done(learner_done_at):
                 return 0
 
@@ -330,7 +331,7 @@ class Launcher:
     def _summarise(self) -> None:
         """`<run dir>/up_summary.json`: the final version (from the last checkpoint), what each generator
         served when the learner finished, and which /metrics endpoints answered during the run."""
-        snap = getattr(self, "_snapshot", None) or scrape(self.services)
+        snap = self.at_learner_end or scrape(self.services)
         from asyncrlhf.training.checkpoint import latest_version
 
         for svc in self.services:  # a service's own last values beat a scrape taken before it finished
@@ -356,11 +357,8 @@ class Launcher:
 
 
 def print_report(run_dir: Path) -> None:
-    try:
-        from asyncrlhf.report import headline, write_report
-    except ImportError:
-        print("asyncrlhf up: done (the report module is not built yet)")
-        return
+    from asyncrlhf.report import headline, write_report
+
     path = write_report(run_dir)
     h = headline(run_dir)
     print(f"asyncrlhf up: done. Report: {path}")
