@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import schedule
+from tests import cpu_time, schedule
 
 VLLM_MISSING = ("vLLM is not installed: `make vllm` (Linux x86-64, vLLM's CPU build) or "
                 "pip install 'asyncrlhf[vllm]' (CUDA)")
@@ -59,7 +59,36 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under `--dist loadgroup`: by `worker_group`, in the order of `rank`."""
-    return schedule.ByGroup(config, log) if config.getvalue("dist") == "loadgroup" else None
+    return schedule.ByGroup(config, log) if config.getoption("dist", default=None) == "loadgroup" else None
+
+
+CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[CPU_AT_SETUP] = cpu_time.spent()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    """Each test's CPU, setup to teardown, as its `cpu_s` user property (tests/cpu_time.py)."""
+    try:
+        return (yield)
+    finally:
+        if CPU_AT_SETUP in item.stash:
+            cpu = cpu_time.spent() - item.stash[CPU_AT_SETUP]
+            item.user_properties.append((cpu_time.PROPERTY, round(cpu, 2)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The costliest tests by CPU, after pytest's durations: on 2 busy cores what a test costs is its CPU."""
+    lines = cpu_time.summary([r for reports in terminalreporter.stats.values() for r in reports
+                              if hasattr(r, "user_properties")])
+    if lines:
+        terminalreporter.write_sep("=", "CPU per test")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def engine_in_this_process(item) -> bool:

@@ -31,7 +31,7 @@ GROUPS_ENV = "ASYNCRLHF_TEST_GROUPS"
 
 def name_the_groups_file(config: Any) -> None:
     """On the controller of a `--dist loadgroup` run, before its workers start: where they write groups."""
-    if hasattr(config, "workerinput") or config.getvalue("dist") != "loadgroup":
+    if hasattr(config, "workerinput") or config.getoption("dist", default=None) != "loadgroup":
         return
     folder = tempfile.mkdtemp(prefix="asyncrlhf-test-groups-")
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
