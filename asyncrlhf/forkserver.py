@@ -48,8 +48,10 @@ PRELOAD: tuple[tuple[str, Callable[[], object]], ...] = (
     ("transformers.modeling_utils", partial(importlib.import_module, "transformers.modeling_utils")),
     ("deepspeed", import_deepspeed),
 )
-# read by the service itself after the fork (its thread count is applied by the child: `_become`)
-AFTER_FORK = frozenset({"OMP_NUM_THREADS", CORES_ENV, "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM"})
+# read by the service itself after the fork (its thread count is applied by the child: `_become`), or by
+# nothing where a fork server runs: CUDA_VISIBLE_DEVICES (`launch.gpus`) on a host without CUDA
+AFTER_FORK = frozenset({"OMP_NUM_THREADS", CORES_ENV, "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM",
+                        "CUDA_VISIBLE_DEVICES"})
 START_TIMEOUT_S = 120.0
 
 
@@ -74,10 +76,11 @@ class Forkable(Protocol):
 
 
 def fork_server(cfg: Config, services: Sequence[Forkable]) -> ForkServer | None:
-    """The fork server that starts `services`, on a CPU host with `launch.fork_server`: started with the
-    environment most of them share, and given to every service it can serve (the rest, and a learner under
-    torchrun, start as processes of their own)."""
-    if not cfg.launch.fork_server or cfg.launch.gpus or cuda_available() or sys.platform != "linux":
+    """The fork server that starts `services`, on a CPU host with `launch.fork_server` (a GPU recipe's CPU
+    shape too: the devices its `launch.gpus` names are read by nothing there): started with the environment
+    most of them share, and given to every service it can serve (the rest, and a learner under torchrun,
+    start as processes of their own)."""
+    if not cfg.launch.fork_server or cuda_available() or sys.platform != "linux":
         return None  # (macOS: a fork after its system libraries started threads is not safe)
     forkable = [s for s in services if s.argv[1:3] == ["-m", f"services.{s.kind}"]]
     if not forkable:

@@ -164,6 +164,17 @@ def test_one_thread_services_take_the_members_waiting_so_that_one_fork_server_se
     assert env_of["evaluator"]["OMP_WAIT_POLICY"] == "PASSIVE"  # the learner still shares the cores
 
 
+def test_a_gpu_recipe_on_a_cpu_host_forks_its_services_from_one_server_whatever_devices_they_name(tmp_path):
+    """tldr names a GPU per service (`launch.gpus`); on a host without CUDA nothing reads them, so its
+    services load the libraries alike and one fork server serves them all, each child given its own
+    CUDA_VISIBLE_DEVICES (`_become`). Before, a config with `launch.gpus` got no fork server."""
+    cfg = load_config(["configs/tldr.yaml"], [f"run.dir={tmp_path}", "launch.learner_procs=1"])
+    services = plan(cfg, ["configs/tldr.yaml"], [], "redis://127.0.0.1:1")
+    devices = {s.name: s.env["CUDA_VISIBLE_DEVICES"] for s in services}
+    assert devices == {"reward-0": "0", "generator-0": "0", "learner": "1,2,3", "evaluator": "3"}
+    assert len({loaded(s.env) for s in services}) == 1
+
+
 PLAN_WITHOUT_TORCH = """
 import sys
 from asyncrlhf.config import load_config
