@@ -67,7 +67,7 @@ def loaded(env: Mapping[str, str]) -> frozenset[tuple[str, str]]:
 
 
 class Forkable(Protocol):
-    """What the fork server needs of a service the launcher plans (`asyncrlhf.launcher.Service`)."""
+    """What the fork server needs of a service the launcher plans (`asyncrlhf.processes.Service`)."""
 
     kind: str
     argv: list[str]

@@ -2,9 +2,10 @@
 `redis.sentinel.addresses` for a sentinel-managed primary) and every service as a local process, with live
 progress, per-service logs, supervision and a clean stop.
 
-Processes and supervision only: each service is its own entry point (`python -m services.<name>`), told
-its Redis URL, HTTP port and CPU threads by overrides. The learner decides when the run is done; the
-launcher then lets the evaluator finish its last evaluation, stops the rest and prints the report.
+The plan and the run's supervision: each service is its own entry point (`python -m services.<name>`),
+told its Redis URL, HTTP port and CPU threads by overrides, and runs as an `asyncrlhf.processes.Service`
+(its start, restarts and stop). The learner decides when the run is done; the launcher then lets the
+evaluator finish its last evaluation, stops the rest and prints the report.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf import metrics as names
@@ -26,104 +25,14 @@ from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
 from asyncrlhf.cores import ENV as CORES_ENV
 from asyncrlhf.cores import openmp_env, service_threads, share_dir, shares_cores
-from asyncrlhf.engine_lifetime import end_group
-from asyncrlhf.forkserver import Forked, ForkServer, ServerGone, fork_server
+from asyncrlhf.forkserver import ForkServer, fork_server
+from asyncrlhf.processes import Service, stop_services
 from asyncrlhf.progress import Progress
 from asyncrlhf.redis_server import EmbeddedRedis, free_port
 from asyncrlhf.scrape import Snapshot, read_exposition, scrape
-from asyncrlhf.stalls import crashes
 from asyncrlhf.stalls.launched import judge_stall
 from asyncrlhf.stalls.monitor import StallMonitor
-from asyncrlhf.supervision import Restart, RestartPolicy, cap_message
-
-STOP_GRACE_S = 27.0  # run.stop_timeout_s (<= 25) plus a margin: `up` stops within 30 s
-
-
-@dataclass
-class Service:
-    """One supervised process."""
-
-    name: str  # e.g. "generator-0"
-    kind: str  # generator | reward | learner | evaluator
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    port: int
-    proc: subprocess.Popen | Forked | None = None
-    forks: ForkServer | None = None  # the fork server that starts it, if one does (`fork_server`)
-    restarts: int = 0
-    policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(0, 1.0))
-    pending: Restart | None = None  # a restart waiting for its back-off
-    started_at: float = 0.0  # time.monotonic() of the last start
-    log_offset: int = 0  # where the last start's output begins in the log
-    exited_at: float = float("-inf")  # time.monotonic() of its last crash
-    exit_note: str = ""  # how it crashed last, and why (`asyncrlhf.stalls.crashes`)
-
-    def start(self) -> None:
-        if self.proc is not None:  # a restart: first what the last run left (an engine it was starting)
-            end_group(self.proc.pid)
-        self.started_at = time.monotonic()
-        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.forks is not None and not self.forks.gone:
-            self.log_path.touch()
-            try:
-                self.proc = self.forks.spawn(self.argv[2], self.argv[3:], self.env, self.log_path,
-                                             " ".join(self.argv))
-                return
-            except ServerGone as gone:
-                print(f"asyncrlhf up: {gone}; starting {self.name} as a process of its own", flush=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def poll(self) -> int | None:
-        """The exit code, or None while the process runs."""
-        return self._started().poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self._started().wait(timeout)
-
-    def _started(self) -> subprocess.Popen | Forked:
-        if self.proc is None:
-            raise RuntimeError(f"service {self.name} was never started")
-        return self.proc
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def tail(self, lines: int = 25) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def signal(self, sig: int) -> None:
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-
-def stop_services(services: Sequence[Service], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to every service at once, the learner first (it checkpoints on SIGTERM, within
-    `run.stop_timeout_s`, after which each service exits by itself); SIGKILL what is left at `grace_s`, so
-    `up` stops within 30 s whatever the services are blocked in. Then whatever a service left in its process
-    group is ended: a generator stopped while its vLLM engine was starting leaves the engine there (the engine
-    watches its generator only once it has started), and it would go on holding its memory and cores."""
-    order = sorted(services, key=lambda s: s.kind != "learner")
-    for svc in order:
-        svc.pending = None
-        svc.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for svc in order:
-        if svc.proc:
-            try:
-                svc.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                svc.signal(signal.SIGKILL)
-                svc.proc.wait()
-            end_group(svc.proc.pid)
+from asyncrlhf.supervision import RestartPolicy, cap_message
 
 
 def plan(cfg: Config, files: Sequence[str], overrides: Sequence[str], redis_url: str | None) -> list[Service]:
@@ -275,9 +184,7 @@ class Launcher:
     def _check(self, svc: Service) -> bool:
         """Start a service whose back-off is over; handle one that exited. Returns whether the run goes on."""
         if svc.pending is not None:
-            if time.monotonic() >= svc.pending.at:
-                svc.pending = None
-                svc.start()
+            svc.start_if_due()
             return True
         code = svc.poll()
         if code is None or (code == 0 and svc.kind in ("evaluator", "learner")):
@@ -296,17 +203,12 @@ class Launcher:
         if not self.cfg.launch.restart:
             self._report_crash(svc, code)
             return False
-        restart = svc.policy.on_crash(time.monotonic(), time.monotonic() - svc.started_at)
+        restart = svc.restart_after(code)
         if restart is None:
             self.failed = svc
             print(cap_message(svc.name, svc.kind, code, svc.policy, svc.tail(), str(svc.log_path)),
                   file=sys.stderr, flush=True)
             return False
-        svc.restarts += 1
-        svc.pending = restart
-        svc.exited_at, why = time.monotonic(), crashes.reason(crashes.last_run(svc.log_path, svc.log_offset))
-        svc.exit_note = crashes.exit_note(code, svc.exited_at - svc.started_at, restart.count,
-                                          svc.policy.window_s, why)
         delay = restart.at - time.monotonic()
         print(f"asyncrlhf up: {svc.name} exited with {code}; restarting in {delay:.1f} s "
               f"({restart.count} in the last {svc.policy.window_s:g} s)", flush=True)

@@ -17,7 +17,7 @@ WAITING_SINCE = frozenset({names.GENERATOR_WAITING_SINCE_SECONDS, names.REWARD_W
 
 
 class Scrapeable(Protocol):
-    """A service with a /metrics endpoint (`asyncrlhf.launcher.Service`)."""
+    """A service with a /metrics endpoint (`asyncrlhf.processes.Service`)."""
 
     @property
     def name(self) -> str: ...

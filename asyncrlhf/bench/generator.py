@@ -45,8 +45,8 @@ import torch
 from asyncrlhf._proto.rollout_pb2 import PromptGroup, RolloutGroup
 from asyncrlhf.config import Config, ConfigError, load_config
 from asyncrlhf.config_cli import split_config_args
-from asyncrlhf.launcher import Service
 from asyncrlhf.models import encode_prompts, is_lora, load_policy, load_tokenizer
+from asyncrlhf.processes import Service
 from asyncrlhf.redis_server import free_port, redis_url
 from asyncrlhf.registry import Registry
 from asyncrlhf.sampling import Backend, create_backend

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrlhf.config import load_config
-from asyncrlhf.launcher import Service, plan
+from asyncrlhf.launcher import plan
+from asyncrlhf.processes import Service
 from asyncrlhf.redis_server import EmbeddedRedis
 from asyncrlhf.streams import (
     FEED_CURSOR,

@@ -15,7 +15,7 @@ from asyncrlhf.supervision import Restart
 
 
 class Supervised(Protocol):
-    """A process the launcher runs (`asyncrlhf.launcher.Service`), as the stall judgement reads it."""
+    """A process the launcher runs (`asyncrlhf.processes.Service`), as the stall judgement reads it."""
 
     name: str
     kind: str

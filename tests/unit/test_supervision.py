@@ -9,7 +9,7 @@ import time
 import pytest
 
 from asyncrlhf.engine_lifetime import alive, descendants
-from asyncrlhf.launcher import Service, stop_services
+from asyncrlhf.processes import Service, stop_services
 from asyncrlhf.supervision import RestartPolicy, cap_message
 
 pytestmark = pytest.mark.unit
