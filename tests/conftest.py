@@ -82,7 +82,7 @@ def pytest_runtest_teardown(item):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The costliest tests by CPU, after pytest's durations: on 2 busy cores what a test costs is its CPU."""
+    """The costliest tests by CPU, before pytest's durations: on 2 busy cores what a test costs is its CPU."""
     lines = cpu_time.summary([r for reports in terminalreporter.stats.values() for r in reports
                               if hasattr(r, "user_properties")])
     if lines:
