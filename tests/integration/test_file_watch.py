@@ -92,3 +92,25 @@ def test_our_writes_are_seen_while_another_process_churns_segments(tmp_path):
     seen = writes.take()
     assert f"created {tmp_path / 'push.safetensors'}" in seen, seen[-20:]
     assert not any(e.startswith(("created /dev/shm/psm_", "deleted /dev/shm/psm_")) for e in seen), seen[-20:]
+
+
+def test_a_file_opened_and_closed_in_the_watch_without_a_write_is_not_counted_and_a_write_is(tmp_path):
+    """A close is not a write: another process attaching to a segment that existed before the watch opens
+    and closes it, and may be gone before it could be judged another's."""
+    existing = tmp_path / "segment"
+    existing.write_bytes(b"\0" * 16)
+    writes, observer = Writes(), Observer()
+    observer.schedule(writes, str(tmp_path), recursive=False)
+    observer.start()
+    try:
+        with existing.open("r+b"):
+            pass  # opened for writing, closed without a write: an inotify close-write event
+        writes.settle(tmp_path)
+        assert writes.take() == []
+        with existing.open("r+b") as f:
+            f.write(b"\1")
+        writes.settle(tmp_path)
+        assert f"modified {existing}" in writes.take()
+    finally:
+        observer.stop()
+        observer.join()
